@@ -1,0 +1,300 @@
+"""ComputeDAG: a PrimFunc's blocks as stages, with the analysis the sketch rules need.
+
+One stage per TensorIR block, in program (topological) order. For each stage we keep its iterator
+variables, its memory accesses as affine expressions (:mod:`ansor.access`), its loops, and Ansor's
+predicates: strictly inlineable, needs multi-level tiling (data reuse), is output, element-wise matched
+consumers. The DAG also counts floating-point operations, which turns a measured time into GFLOPS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Optional, Sequence, Union
+
+import tvm
+from tvm import te, tirx
+from tvm.ir import Call
+from tvm.ir.expr import TensorLoad
+from tvm.ir.prim import expr as E
+
+from .access import Access, Affine, BlockInfo, BlockVar, LoopPart
+from .errors import AnsorError
+
+if TYPE_CHECKING:
+    from .loop_state import State
+
+# Calls Ansor treats as expensive: inlining them would recompute a transcendental per use.
+_EXPENSIVE_CALLS = frozenset(
+    f"tirx.{n}" for n in ("exp", "exp2", "exp10", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow",
+                          "tanh", "sigmoid", "erf", "sin", "cos", "tan", "atan", "fast_exp", "fast_tanh")
+)
+_BRANCH_CALLS = frozenset(("tirx.if_then_else",))
+_FLOP_BINOPS = (E.Add, E.Sub, E.Mul, E.Div, E.Mod, E.FloorDiv, E.FloorMod, E.Max, E.Min)
+
+
+@dataclass(frozen=True)
+class DagStage:
+    """One block of the original program, with its static analysis."""
+
+    name: str
+    block: BlockInfo
+    loops: tuple[tuple[str, int, tuple[LoopPart, ...]], ...]  # (name, extent, parts), outer to inner
+    is_output: bool
+    is_reduction: bool
+    strictly_inlineable: bool
+    needs_multi_level_tiling: bool
+    has_branch: bool
+    has_expensive_op: bool
+    flops: float
+
+
+class ComputeDAG:
+    """The analysed program a search task tunes.
+
+    Parameters
+    ----------
+    source
+        A ``tvm.tirx.PrimFunc`` or a list of TE tensors (inputs first, outputs last).
+    """
+
+    def __init__(self, source: Union[tirx.PrimFunc, Sequence[te.Tensor]]):
+        if isinstance(source, tirx.PrimFunc):
+            func = source
+        elif isinstance(source, (list, tuple)) and all(isinstance(t, te.Tensor) for t in source):
+            func = te.create_prim_func(list(source))
+        else:
+            raise AnsorError(f"ComputeDAG needs a PrimFunc or a list of te.Tensor, got {type(source).__name__}")
+        self.func: tirx.PrimFunc = func
+        self.mod = tvm.IRModule({"main": func})
+        self.buffer_shapes: dict[str, tuple[int, ...]] = {}
+        self.buffer_dtypes: dict[str, str] = {}
+        self.stages: tuple[DagStage, ...] = tuple(self._analyse())
+        self._index = {s.name: i for i, s in enumerate(self.stages)}
+
+    # ------------------------------------------------------------------ analysis
+    def _analyse(self) -> list[DagStage]:
+        sch = tvm.s_tir.Schedule(self.mod)
+        root = sch.get_sblock("root")
+        param_names = {p.name for p in self.func.params}
+        stages = []
+        for rv in sch.get_child_blocks(root):
+            block = sch.get(rv)
+            loops = [sch.get(l) for l in sch.get_loops(rv)]
+            if not loops:
+                raise AnsorError(f"block {block.name_hint} has no loops; scalar blocks are not supported")
+            realize = loops[-1].body
+            if not isinstance(realize, tvm.s_tir.stmt.SBlockRealize):
+                raise AnsorError(f"block {block.name_hint} does not own its loop nest; "
+                                 "only one block per loop nest is supported")
+            stages.append(self._analyse_block(block, loops, realize, param_names))
+        if not stages:
+            raise AnsorError("the PrimFunc has no blocks to schedule")
+        return stages
+
+    def _analyse_block(self, block, loops, realize, param_names: set[str]) -> DagStage:
+        vars_ = tuple(
+            BlockVar(iv.var.name, "R" if int(iv.iter_type) == 2 else "S", int(iv.dom.extent))
+            for iv in block.iter_vars
+        )
+        var_names = {v.name for v in vars_}
+        store = block.body
+        if not isinstance(store, tirx.BufferStore):
+            raise AnsorError(f"block {block.name_hint}: only single-store blocks are supported")
+        self._note_buffer(store.buffer)
+        writes = (Access(store.buffer.name, tuple(_affine(i, var_names) for i in store.indices)),)
+        reads: list[Access] = []
+        calls: list[str] = []
+        flops = _walk(store.value, reads, calls, var_names, self._note_buffer)
+        # A reduction update reads its own output (C = C + ...): that is not a data dependence.
+        reads = [r for r in reads if r.buffer != store.buffer.name]
+        loop_var_of = {l.loop_var.name: l for l in loops}
+        loop_parts: dict[str, list[LoopPart]] = {l.loop_var.name: [] for l in loops}
+        for iv, value in zip(block.iter_vars, realize.iter_values):
+            aff = _affine(value, set(loop_var_of))
+            if aff is None:
+                raise AnsorError(f"block {block.name_hint}: iterator {iv.var.name} is not affine in its loops")
+            for lname, coef in aff.terms:
+                loop_parts[lname].append(LoopPart(iv.var.name, coef, int(loop_var_of[lname].extent)))
+        loop_info = tuple((l.loop_var.name, int(l.extent), tuple(loop_parts[l.loop_var.name])) for l in loops)
+        is_reduction = any(v.kind == "R" for v in vars_)
+        has_branch = any(c in _BRANCH_CALLS for c in calls) or _has_select(store.value)
+        has_expensive = any(c in _EXPENSIVE_CALLS for c in calls)
+        is_output = store.buffer.name in param_names
+        simple = all(idx is not None and (idx.single_var() is not None or not idx.terms)
+                     for acc in reads for idx in acc.indices)
+        strictly_inlineable = (not is_reduction and not is_output and simple and not has_branch
+                               and not has_expensive)
+        spatial = [v.name for v in vars_ if v.kind == "S"]
+        n_missing = 0
+        for acc in reads:
+            used = {n for idx in acc.indices if idx is not None for n, _ in idx.terms}
+            if any(idx is None for idx in acc.indices):
+                continue
+            n_missing += sum(1 for s in spatial if s not in used)
+        needs_tiling = n_missing >= 2 or (n_missing >= 1 and is_reduction)
+        total = flops * math.prod(v.extent for v in vars_)
+        return DagStage(block.name_hint, BlockInfo(vars_, tuple(reads), writes), loop_info, is_output,
+                        is_reduction, strictly_inlineable, needs_tiling, has_branch, has_expensive, total)
+
+    def _note_buffer(self, buf) -> None:
+        if buf.name not in self.buffer_shapes:
+            self.buffer_shapes[buf.name] = tuple(int(d) for d in buf.shape)
+            self.buffer_dtypes[buf.name] = str(buf.dtype)
+
+    # ------------------------------------------------------------------ queries
+    def stage_index(self, name: str) -> int:
+        if name not in self._index:
+            raise AnsorError(f"no stage named {name!r}; stages: {', '.join(self._index)}")
+        return self._index[name]
+
+    @cached_property
+    def flop_ct(self) -> float:
+        """Floating-point operations of one run (a multiply-add counts 2)."""
+        return float(sum(s.flops for s in self.stages))
+
+    def producers(self, stage_id: int) -> list[int]:
+        """Stages whose output this stage reads."""
+        reads = set(self.stages[stage_id].block.read_buffers())
+        return [i for i, s in enumerate(self.stages) if reads & set(s.block.write_buffers())]
+
+    def consumers(self, stage_id: int) -> list[int]:
+        """Stages that read this stage's output."""
+        writes = set(self.stages[stage_id].block.write_buffers())
+        return [i for i, s in enumerate(self.stages) if writes & set(s.block.read_buffers())]
+
+    def elementwise_match(self, stage_id: int, target_id: int) -> bool:
+        """True if data flows from ``stage_id`` to ``target_id`` through single-consumer, element-wise steps.
+
+        Each link must read its producer's output at exactly its own spatial indices, with equal shapes,
+        so a tile of the producer maps onto the same tile of the target (Ansor's fusion condition).
+        """
+        cur = stage_id
+        while cur != target_id:
+            consumers = self.consumers(cur)
+            if len(consumers) != 1:
+                return False
+            nxt = consumers[0]
+            out = self.stages[cur].block.writes[0]
+            nstage = self.stages[nxt]
+            if nstage.is_reduction:
+                return False
+            out_vars = [v.name for v in nstage.block.vars if v.kind == "S"]
+            if self.buffer_shapes[out.buffer] != tuple(v.extent for v in nstage.block.vars if v.kind == "S"):
+                return False
+            for acc in nstage.block.reads_of(out.buffer):
+                if [None if i is None or i.const else i.single_var() for i in acc.indices] != out_vars:
+                    return False
+            cur = nxt
+        return True
+
+    def has_single_elementwise_consumer(self, stage_id: int) -> Optional[int]:
+        """The id of the only consumer if it is element-wise matched, else None."""
+        consumers = self.consumers(stage_id)
+        if len(consumers) == 1 and self.elementwise_match(stage_id, consumers[0]):
+            return consumers[0]
+        return None
+
+    # ------------------------------------------------------------------ states
+    def init_state(self) -> "State":
+        """The untransformed loop state: every stage at the root with its original loops."""
+        from .loop_state import State
+        return State.initial(self)
+
+    def replay(self, state_or_steps, verify: bool = False) -> tvm.s_tir.Schedule:
+        """Apply a state's steps to a fresh ``s_tir.Schedule`` (see :mod:`ansor.replay`)."""
+        from .replay import replay
+        steps = getattr(state_or_steps, "steps", state_or_steps)
+        return replay(self, steps, verify=verify)
+
+    def __str__(self) -> str:
+        lines = []
+        for s in self.stages:
+            iters = ", ".join(f"{v.name}:{v.kind}{v.extent}" for v in s.block.vars)
+            flags = [n for n, on in (("output", s.is_output), ("reduction", s.is_reduction),
+                                     ("inlineable", s.strictly_inlineable),
+                                     ("multi-level-tiling", s.needs_multi_level_tiling)) if on]
+            reads = ", ".join(str(a) for a in s.block.reads)
+            lines.append(f"{s.block.writes[0]} = f({reads})  iters[{iters}]  {' '.join(flags)}")
+        lines.append(f"FLOPs: {self.flop_ct:.0f}")
+        return "\n".join(lines)
+
+
+def _affine(expr, var_names: set[str]) -> Optional[Affine]:
+    """``expr`` as an affine form over ``var_names``, or None when it is not affine."""
+    if isinstance(expr, E.IntImm):
+        return Affine((), int(expr.value))
+    if isinstance(expr, E.Var):
+        return Affine.var(expr.name) if expr.name in var_names else None
+    if isinstance(expr, E.Cast):
+        return _affine(expr.value, var_names)
+    if isinstance(expr, (E.Add, E.Sub)):
+        a, b = _affine(expr.a, var_names), _affine(expr.b, var_names)
+        if a is None or b is None:
+            return None
+        sign = 1 if isinstance(expr, E.Add) else -1
+        neg = Affine(tuple((n, sign * c) for n, c in b.terms), sign * b.const)
+        return _add(a, neg)
+    if isinstance(expr, E.Mul):
+        a, b = _affine(expr.a, var_names), _affine(expr.b, var_names)
+        if a is None or b is None:
+            return None
+        if not b.terms:
+            a, b = b, a
+        if a.terms:
+            return None
+        k = a.const
+        return Affine(tuple((n, k * c) for n, c in b.terms if k * c), k * b.const)
+    return None
+
+
+def _add(a: Affine, b: Affine) -> Affine:
+    coefs = dict(a.terms)
+    for n, c in b.terms:
+        coefs[n] = coefs.get(n, 0) + c
+    return Affine(tuple((n, c) for n, c in coefs.items() if c), a.const + b.const)
+
+
+def _walk(expr, reads: list[Access], calls: list[str], var_names: set[str], note_buffer) -> int:
+    """Collect loads and call names under ``expr``; return its float operation count."""
+    if isinstance(expr, TensorLoad):
+        note_buffer(expr.source)
+        reads.append(Access(expr.source.name, tuple(_affine(i, var_names) for i in expr.indices)))
+        for index in expr.indices:  # indirect loads (gather) are reads too; integer math is no FLOP
+            _walk(index, reads, calls, var_names, note_buffer)
+        return 0
+    is_float = str(getattr(expr, "ty", "")).startswith(("float", "bfloat"))
+    if isinstance(expr, _FLOP_BINOPS):
+        return int(is_float) + _walk(expr.a, reads, calls, var_names, note_buffer) + \
+            _walk(expr.b, reads, calls, var_names, note_buffer)
+    if isinstance(expr, (E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE, E.And, E.Or)):
+        return _walk(expr.a, reads, calls, var_names, note_buffer) + \
+            _walk(expr.b, reads, calls, var_names, note_buffer)
+    if isinstance(expr, (E.Cast, E.Not)):
+        inner = expr.value if isinstance(expr, E.Cast) else expr.a
+        return _walk(inner, reads, calls, var_names, note_buffer)
+    if isinstance(expr, E.Select):
+        cond = _walk(expr.condition, reads, calls, var_names, note_buffer)
+        return cond + max(_walk(expr.true_value, reads, calls, var_names, note_buffer),
+                          _walk(expr.false_value, reads, calls, var_names, note_buffer))
+    if isinstance(expr, Call):
+        name = getattr(expr.op, "name", "")
+        calls.append(name)
+        counts = [_walk(a, reads, calls, var_names, note_buffer) for a in expr.args]
+        if name in _BRANCH_CALLS and len(counts) == 3:
+            return counts[0] + max(counts[1], counts[2])
+        return int(is_float and name in _EXPENSIVE_CALLS) + sum(counts)
+    return 0
+
+
+def _has_select(expr) -> bool:
+    if isinstance(expr, E.Select):
+        return True
+    for attr in ("a", "b", "value"):
+        child = getattr(expr, attr, None)
+        if child is not None and not isinstance(expr, TensorLoad) and _has_select(child):
+            return True
+    if isinstance(expr, Call):
+        return any(_has_select(a) for a in expr.args)
+    return False

@@ -1,0 +1,1 @@
+"""cost_model (see DESIGN.md)."""

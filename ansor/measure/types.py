@@ -1,0 +1,68 @@
+"""What goes into and comes out of a measurement, with Ansor's error codes.
+
+Plain data, free of Ray, so the records module and the cost model can use it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from ..loop_state import State
+from ..search_task import SearchTask
+
+#: Cost recorded for a candidate that failed, so it sorts last everywhere.
+MAX_COST = 1e10
+
+
+class ErrorNo(IntEnum):
+    """Ansor's measurement error codes (the numbers are stored in logs; do not renumber)."""
+
+    NO_ERROR = 0
+    INSTANTIATION_ERROR = 1
+    COMPILE_HOST = 2
+    COMPILE_DEVICE = 3
+    RUNTIME_DEVICE = 4
+    WRONG_ANSWER = 5
+    BUILD_TIMEOUT = 6
+    RUN_TIMEOUT = 7
+    UNKNOWN_ERROR = 8
+
+
+@dataclass
+class MeasureInput:
+    """One candidate: a state of a task."""
+
+    task: SearchTask
+    state: State
+
+
+@dataclass
+class BuildResult:
+    """An exported library (bytes, so any node can load it) or the reason there is none."""
+
+    lib: bytes | None
+    error_no: int
+    error_msg: str = ""
+    time_cost: float = 0.0
+
+
+@dataclass
+class MeasureResult:
+    """Seconds per run for each repeat, or ``(MAX_COST,)`` and an error code."""
+
+    costs: tuple[float, ...]
+    error_no: int
+    error_msg: str = ""
+    all_cost: float = 0.0
+    timestamp: float = field(default_factory=time.time)
+    node: str = ""
+
+    @property
+    def mean_cost(self) -> float:
+        return sum(self.costs) / len(self.costs) if self.costs else MAX_COST
+
+    @property
+    def ok(self) -> bool:
+        return self.error_no == ErrorNo.NO_ERROR

@@ -1,0 +1,1 @@
+"""networks (see DESIGN.md)."""

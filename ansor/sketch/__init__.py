@@ -1,0 +1,1 @@
+"""sketch (see DESIGN.md)."""

@@ -1,0 +1,138 @@
+"""Targets: what users type, what TVM 0.27 accepts, and the hardware facts the search needs.
+
+TVM 0.27 only takes JSON-dict targets; users still type ``llvm -mcpu=znver5`` or ``cuda``. We accept
+both, plus ``host`` (this machine's CPU as LLVM names it, with its physical core count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Union
+
+import psutil
+import tvm
+
+from .errors import TargetError
+
+TARGET_EXAMPLES = ('host', 'llvm', 'llvm -mcpu=znver5 -num-cores=2', 'cuda -arch=sm_80',
+                   '\'{"kind": "llvm", "mcpu": "znver4", "num-cores": 2}\'')
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process (TVM's thread pool should use exactly these)."""
+    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    physical = psutil.cpu_count(logical=False) or logical
+    return max(1, min(logical, physical))
+
+
+def host_target() -> tvm.target.Target:
+    """LLVM for this machine's CPU with its physical core count."""
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    return tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": physical_cores()})
+
+
+def parse_target(text: Union[str, dict, tvm.target.Target, None]) -> tvm.target.Target:
+    """Parse ``host``, a CLI-style string (``llvm -mcpu=x -num-cores=2``), a JSON dict, or a Target."""
+    if text is None or text == "host":
+        return host_target()
+    if isinstance(text, tvm.target.Target):
+        return text
+    if isinstance(text, dict):
+        config: dict[str, Any] = dict(text)
+    else:
+        text = text.strip()
+        if text.startswith("{"):
+            try:
+                config = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise TargetError(f"target {text!r} is not valid JSON ({err.msg}); "
+                                  f"examples: {', '.join(TARGET_EXAMPLES)}") from None
+        else:
+            config = _parse_cli(text)
+    kind = config.get("kind")
+    if kind == "llvm":
+        config.setdefault("mcpu", tvm.target.codegen.llvm_get_system_cpu())
+        config.setdefault("num-cores", physical_cores())
+    try:
+        return tvm.target.Target(config)
+    except Exception as err:  # TVM raises ValueError/RuntimeError with a long trace
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise TargetError(f"bad target {text!r}: {reason}; examples: {', '.join(TARGET_EXAMPLES)}") from None
+
+
+def _parse_cli(text: str) -> dict[str, Any]:
+    words = shlex.split(text)
+    if not words or words[0].startswith("-"):
+        raise TargetError(f"bad target {text!r}: it must start with a kind (llvm, cuda); "
+                          f"examples: {', '.join(TARGET_EXAMPLES)}")
+    config: dict[str, Any] = {"kind": words[0]}
+    for word in words[1:]:
+        if not word.startswith("-") or "=" not in word:
+            raise TargetError(f"bad target option {word!r} in {text!r}: use -key=value; "
+                              f"examples: {', '.join(TARGET_EXAMPLES)}")
+        key, value = word.lstrip("-").split("=", 1)
+        config[key] = int(value) if value.isdigit() else value
+    return config
+
+
+def target_to_str(target: tvm.target.Target) -> str:
+    """The canonical JSON form used in logs (round-trips through :func:`parse_target`)."""
+    return str(target)
+
+
+def is_gpu(target: tvm.target.Target) -> bool:
+    return "gpu" in target.keys
+
+
+@dataclass(frozen=True)
+class HardwareParams:
+    """What the sketch rules and the validity filter need to know about the device."""
+
+    num_cores: int
+    vector_unit_bytes: int
+    cache_line_bytes: int = 64
+    max_shared_memory_per_block: int = 0
+    max_local_memory_per_block: int = 0
+    max_threads_per_block: int = 0
+    max_vthread_extent: int = 0
+    warp_size: int = 0
+
+    def to_json(self) -> list[int]:
+        return list(asdict(self).values())
+
+    @staticmethod
+    def from_json(values: list[int]) -> "HardwareParams":
+        return HardwareParams(*values)
+
+
+def hardware_params(target: tvm.target.Target, overrides: Optional[dict[str, int]] = None) -> HardwareParams:
+    """Hardware parameters of ``target``: from its attributes, the LLVM CPU features, or CUDA defaults."""
+    if is_gpu(target):
+        attrs = target.attrs
+        params = HardwareParams(
+            num_cores=int(attrs.get("multi_processor_count", 1) if hasattr(attrs, "get") else 1),
+            vector_unit_bytes=16,
+            max_shared_memory_per_block=int(attrs["max_shared_memory_per_block"])
+            if "max_shared_memory_per_block" in attrs else 48 * 1024,
+            max_local_memory_per_block=2 ** 31 - 1,
+            max_threads_per_block=int(attrs["max_num_threads"]) if "max_num_threads" in attrs else 1024,
+            max_vthread_extent=8,
+            warp_size=int(attrs["thread_warp_size"]) if "thread_warp_size" in attrs else 32,
+        )
+    else:
+        cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else physical_cores()
+        vector = 16
+        for feature, width in (("avx512f", 64), ("avx2", 32), ("avx", 32)):
+            try:
+                if tvm.target.codegen.target_has_features(feature, target):
+                    vector = width
+                    break
+            except Exception:  # non-x86 LLVM targets do not know x86 feature names
+                break
+        params = HardwareParams(num_cores=cores, vector_unit_bytes=vector)
+    if overrides:
+        params = HardwareParams(**{**asdict(params), **overrides})
+    return params
