@@ -109,19 +109,23 @@ class LoopPart:
 
 
 def var_ranges(block: BlockInfo, inner_parts: Iterable[tuple[LoopPart, ...]]) -> dict[str, Optional[int]]:
-    """How many values each block variable takes while only the given loops vary (the others fixed)."""
-    ranges: dict[str, Optional[int]] = {v.name: 1 for v in block.vars}
+    """Span of each block variable while only the given loops vary (the others fixed).
+
+    TensorIR covers the bounding box, so a loop that walks ``var`` with a stride widens the span by
+    ``stride * (extent - 1)`` even when the values it hits are sparse.
+    """
+    spans: dict[str, Optional[int]] = {v.name: 1 for v in block.vars}
     for parts in inner_parts:
         for part in parts:
-            if part.var not in ranges:
+            if part.var not in spans:
                 continue
-            cur = ranges[part.var]
-            ranges[part.var] = None if cur is None or part.extent is None else cur * part.extent
+            cur = spans[part.var]
+            spans[part.var] = None if cur is None or part.extent is None else cur + part.stride * (part.extent - 1)
     for v in block.vars:
-        r = ranges[v.name]
+        r = spans[v.name]
         if r is not None and r > v.extent:
-            ranges[v.name] = v.extent
-    return ranges
+            spans[v.name] = v.extent
+    return spans
 
 
 def region_extents(accesses: list[Access], ranges: dict[str, Optional[int]],

@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
 # Calls Ansor treats as expensive: inlining them would recompute a transcendental per use.
 _EXPENSIVE_CALLS = frozenset(
-    f"tirx.{n}" for n in ("exp", "exp2", "exp10", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow",
+    n for n in ("exp", "exp2", "exp10", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow",
                           "tanh", "sigmoid", "erf", "sin", "cos", "tan", "atan", "fast_exp", "fast_tanh")
 )
-_BRANCH_CALLS = frozenset(("tirx.if_then_else",))
+_BRANCH_CALLS = frozenset(("if_then_else",))
 _FLOP_BINOPS = (E.Add, E.Sub, E.Mul, E.Div, E.Mod, E.FloorDiv, E.FloorMod, E.Max, E.Min)
 
 
@@ -71,6 +71,7 @@ class ComputeDAG:
         self.buffer_shapes: dict[str, tuple[int, ...]] = {}
         self.buffer_dtypes: dict[str, str] = {}
         self.stages: tuple[DagStage, ...] = tuple(self._analyse())
+        self.param_buffers = frozenset(p.name for p in func.params)
         self._index = {s.name: i for i, s in enumerate(self.stages)}
 
     # ------------------------------------------------------------------ analysis
@@ -126,13 +127,15 @@ class ComputeDAG:
                      for acc in reads for idx in acc.indices)
         strictly_inlineable = (not is_reduction and not is_output and simple and not has_branch
                                and not has_expensive)
-        spatial = [v.name for v in vars_ if v.kind == "S"]
+        # Ansor's data-reuse test: count the producers whose access misses a (non-unit) spatial axis.
+        spatial = [v.name for v in vars_ if v.kind == "S" and v.extent > 1]
         n_missing = 0
-        for acc in reads:
-            used = {n for idx in acc.indices if idx is not None for n, _ in idx.terms}
-            if any(idx is None for idx in acc.indices):
+        for buffer in {a.buffer for a in reads}:
+            accs = [a for a in reads if a.buffer == buffer]
+            used = {n for a in accs for idx in a.indices if idx is not None for n, _ in idx.terms}
+            if any(idx is None for a in accs for idx in a.indices):
                 continue
-            n_missing += sum(1 for s in spatial if s not in used)
+            n_missing += any(s not in used for s in spatial)
         needs_tiling = n_missing >= 2 or (n_missing >= 1 and is_reduction)
         total = flops * math.prod(v.extent for v in vars_)
         return DagStage(block.name_hint, BlockInfo(vars_, tuple(reads), writes), loop_info, is_output,
@@ -279,7 +282,7 @@ def _walk(expr, reads: list[Access], calls: list[str], var_names: set[str], note
         return cond + max(_walk(expr.true_value, reads, calls, var_names, note_buffer),
                           _walk(expr.false_value, reads, calls, var_names, note_buffer))
     if isinstance(expr, Call):
-        name = getattr(expr.op, "name", "")
+        name = str(getattr(expr.op, "name", "")).rsplit(".", 1)[-1]  # "tirx.exp", "prim.if_then_else"
         calls.append(name)
         counts = [_walk(a, reads, calls, var_names, note_buffer) for a in expr.args]
         if name in _BRANCH_CALLS and len(counts) == 3:

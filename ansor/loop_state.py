@@ -331,6 +331,16 @@ def _apply_compute_at(state: State, step: ComputeAtStep) -> None:
         raise StepError(f"stage {step.stage_id} ({stage.name}) cannot be computed at itself")
     if state.attached_to(step.stage_id):
         raise StepError(f"stage {step.stage_id} ({stage.name}) has stages computed at its loops; move them first")
+    if stage.compute_at != ROOT:
+        raise StepError(f"stage {step.stage_id} ({stage.name}) is already computed at stage {stage.attach[0]}; "
+                        "edit that CA step instead of adding another")
+    consumers, producers = state.consumers(step.stage_id), state.producers(step.stage_id)
+    if step.target_stage_id in consumers and consumers != [step.target_stage_id]:
+        raise StepError(f"stage {step.stage_id} ({stage.name}) has other consumers ({consumers}) that would "
+                        f"not be under stage {step.target_stage_id}'s loop")
+    if step.target_stage_id in producers and producers != [step.target_stage_id]:
+        raise StepError(f"stage {step.stage_id} ({stage.name}) has other producers ({producers}) that would "
+                        f"not be under stage {step.target_stage_id}'s loop")
     inner = [it.parts for it in target.iters[step.target_iter_id + 1:]]
     ranges = var_ranges(target.block, inner)
     written = set(stage.block.write_buffers())
@@ -340,6 +350,9 @@ def _apply_compute_at(state: State, step: ComputeAtStep) -> None:
         own = stage.block.writes[0]
     else:  # target produces what the stage reads: reverse_compute_at, cover what the target writes
         made = [a for a in target.block.writes if a.buffer in stage.block.read_buffers()]
+        if made and any(v.kind == "R" for v in stage.block.vars):
+            raise StepError(f"stage {step.stage_id} ({stage.name}) is a reduction: it can be computed at a "
+                            "consumer's loop, not fused under its producer")
         if not made:
             raise StepError(f"stage {step.stage_id} ({stage.name}) neither feeds nor reads stage "
                             f"{step.target_stage_id} ({target.name}); compute_at needs a data dependence")
@@ -362,6 +375,9 @@ def _apply_compute_inline(state: State, step: ComputeInlineStep) -> None:
     stage = state._stage(step.stage_id)
     if any(v.kind == "R" for v in stage.block.vars):
         raise StepError(f"stage {step.stage_id} ({stage.name}) is a reduction and cannot be inlined")
+    if set(stage.block.write_buffers()) & state.dag.param_buffers:
+        raise StepError(f"stage {step.stage_id} ({stage.name}) writes an output of the function; "
+                        "it cannot be inlined")
     if state.attached_to(step.stage_id):
         raise StepError(f"stage {step.stage_id} ({stage.name}) has stages computed at its loops")
     out = stage.block.writes[0]
@@ -405,10 +421,17 @@ def _rename(accesses: tuple[Access, ...], old: str, new: str) -> tuple[Access, .
     return tuple(Access(new, a.indices) if a.buffer == old else a for a in accesses)
 
 
+def _require_free(state: State, stage_id: int, what: str) -> Stage:
+    """CHW/CHR/RF need a stage alone in its root loop nest: TensorIR puts the new block elsewhere otherwise."""
+    stage = state._stage(stage_id)
+    if stage.compute_at != ROOT or state.attached_to(stage_id):
+        raise StepError(f"{what} of stage {stage_id} ({stage.name}) needs it at the root with no stage "
+                        "computed at its loops; add caches and rfactors before compute_at")
+    return stage
+
+
 def _apply_cache_write(state: State, step: CacheWriteStep) -> None:
-    stage = state._stage(step.stage_id)
-    if stage.compute_at != ROOT:
-        raise StepError(f"cache_write of stage {step.stage_id} ({stage.name}) needs it at the root")
+    stage = _require_free(state, step.stage_id, "cache_write")
     out = stage.block.writes[0].buffer
     cache = f"{out}_{step.scope}"
     shape = state.shapes[out]
@@ -423,7 +446,7 @@ def _apply_cache_read(state: State, step: CacheReadStep) -> None:
     if step.stage_id not in step.reader_stage_ids:
         raise StepError(f"cache_read: reader stages {list(step.reader_stage_ids)} must include {step.stage_id}")
     for r in step.reader_stage_ids:
-        if step.buffer not in state._stage(r).block.read_buffers():
+        if step.buffer not in _require_free(state, r, "cache_read").block.read_buffers():
             raise StepError(f"cache_read: stage {r} ({state.stages[r].name}) does not read {step.buffer!r}")
     cache = f"{step.buffer}_{step.scope}"
     shape = state.shapes[step.buffer]
@@ -436,10 +459,8 @@ def _apply_cache_read(state: State, step: CacheReadStep) -> None:
 
 
 def _apply_rfactor(state: State, step: RfactorStep) -> None:
-    stage = state._stage(step.stage_id)
+    stage = _require_free(state, step.stage_id, "rfactor")
     it = state._iter(step.stage_id, step.iter_id)
-    if stage.compute_at != ROOT:
-        raise StepError(f"rfactor of stage {step.stage_id} ({stage.name}) needs it at the root")
     if it.kind != "R":
         raise StepError(f"rfactor needs a reduction iterator; {it.name} of {stage.name} is {it.kind}")
     if any(i.kind == "M" for i in stage.iters):
@@ -485,14 +506,8 @@ def _apply_rfactor(state: State, step: RfactorStep) -> None:
                      for k in keep)
     wb_block = BlockInfo((BlockVar(rf_var, "R", it.extent or 1), *spatial),
                          (Access(rf_buffer, rf_index),), stage.block.writes)
-    # The original loop nest (and whatever is computed at it) now belongs to the rf stage.
-    children = state.attached_to(step.stage_id)
     _set_stage(state, step.stage_id, replace(stage, iters=wb_iters, block=wb_block))
     _insert_stage(state, step.stage_id, rf_stage)
-    for c in children:
-        c = c + 1 if c >= step.stage_id else c
-        s = state.stages[c]
-        state.stages[c] = replace(s, attach=(step.stage_id, s.attach[1]))
 
 
 _HANDLERS: dict[type, Callable[[State, Step], None]] = {

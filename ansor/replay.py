@@ -54,13 +54,20 @@ def replay(dag: "ComputeDAG", steps: Sequence[Step], verify: bool = False) -> tv
         except StepError:
             raise
         except Exception as err:  # TVM reports schedule errors as RuntimeError/ValueError/TypeError
-            first = str(err).strip().splitlines()
-            reason = next((line for line in first if "Error" in line or "error" in line), first[0] if first else "")
-            raise StepError(f"TVM rejected step {step_to_json(step)}: {reason.strip()}") from None
+            raise StepError(f"TVM rejected step {step_to_json(step)}: {_reason(err)}") from None
         state.apply(step)
         if verify:
             _check(sch, state, blocks, step)
     return sch
+
+
+def _reason(err: Exception) -> str:
+    """The one informative line of a TVM schedule error (it prints the whole IR around it)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("Error message:"):
+            return line[len("Error message:"):].strip()
+    return lines[-1] if lines else type(err).__name__
 
 
 def _own_loops(sch: tvm.s_tir.Schedule, state: State, blocks: list, stage_id: int) -> list:

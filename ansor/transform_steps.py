@@ -23,7 +23,7 @@ Deliberate differences from Ansor (TVM 0.27 has no TE schedules, only TensorIR):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Optional, Union
 
 from .errors import StepError
@@ -218,8 +218,8 @@ STAGE_ADDING_TAGS = ("CHR", "CHW", "RF")
 def step_to_json(step: Step) -> list[Any]:
     """``[TAG, field, field, ...]`` in declaration order; tuples become lists, bools become 0/1."""
     out: list[Any] = [step.TAG]
-    for name in step.__dataclass_fields__:
-        value = getattr(step, name)
+    for f in fields(step):
+        value = getattr(step, f.name)
         if isinstance(value, bool):
             value = int(value)
         elif isinstance(value, tuple):
@@ -233,7 +233,7 @@ def step_from_json(data: list[Any]) -> Step:
     if not isinstance(data, list) or not data or data[0] not in STEP_TYPES:
         raise StepError(f"not a transform step: {data!r} (known tags: {', '.join(STEP_TYPES)})")
     cls = STEP_TYPES[data[0]]
-    names = list(cls.__dataclass_fields__)
+    names = [f.name for f in fields(cls)]
     if len(data) - 1 != len(names):
         raise StepError(f"{data[0]} step needs {len(names)} fields ({', '.join(names)}), got {data!r}")
     kwargs: dict[str, Any] = {}

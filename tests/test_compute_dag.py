@@ -1,0 +1,72 @@
+"""ComputeDAG: stages, FLOP counts and the predicates the sketch rules rely on."""
+
+import pytest
+from tvm import te
+
+from ansor import AnsorError, ComputeDAG
+from ansor.search_task import SearchTask
+
+
+def dag(name: str) -> ComputeDAG:
+    return SearchTask.from_workload(name).compute_dag
+
+
+def test_matmul_512_flops_and_stages():
+    d = dag("matmul-512")
+    assert d.flop_ct == 2 * 512 ** 3
+    assert [s.name for s in d.stages] == ["C"]
+    c = d.stages[0]
+    assert [(v.kind, v.extent) for v in c.block.vars] == [("S", 512), ("S", 512), ("R", 512)]
+    assert c.is_output and c.is_reduction and c.needs_multi_level_tiling and not c.strictly_inlineable
+
+
+def test_conv2d_nhwc_flops_and_padding():
+    d = dag("conv2d-nhwc-small")  # 1x14x14x16 -> 32, k3 s1 p1
+    assert d.flop_ct == 2 * 14 * 14 * 32 * 3 * 3 * 16
+    pad, conv = d.stages
+    assert pad.has_branch and not pad.strictly_inlineable  # if_then_else: Ansor never force-inlines it
+    assert conv.needs_multi_level_tiling and conv.is_output
+    assert d.producers(1) == [0] and d.consumers(0) == [1]
+
+
+def test_conv_bias_relu_predicates():
+    d = dag("conv2d-bias-relu")
+    names = [s.name for s in d.stages]
+    assert names == ["pad", "conv", "bias_add", "relu"]
+    pad, conv, bias, relu = d.stages
+    assert bias.strictly_inlineable and not bias.needs_multi_level_tiling  # broadcast bias is no data reuse
+    assert not relu.strictly_inlineable and relu.is_output
+    assert d.has_single_elementwise_consumer(1) == 2
+    assert d.elementwise_match(1, 3)  # conv -> bias -> relu, element-wise all the way
+    assert not d.elementwise_match(0, 1)  # pad feeds a conv window, not an element
+    n_out = 14 * 14 * 32
+    assert d.flop_ct == 2 * n_out * 3 * 3 * 32 + n_out + n_out
+
+
+def test_softmax_predicates_and_flops():
+    d = dag("softmax-4x1024")
+    maxelem, exp, expsum, norm = d.stages
+    assert maxelem.is_reduction and not maxelem.needs_multi_level_tiling
+    assert exp.has_expensive_op and not exp.strictly_inlineable
+    assert norm.is_output
+    n = 4 * 1024
+    assert d.flop_ct == n + 2 * n + n + n  # max; sub + exp; add; div
+
+
+def test_matmul_relu_elementwise_match():
+    d = dag("matmul-relu-64")
+    assert d.has_single_elementwise_consumer(0) == 1
+    assert not d.stages[0].is_output and d.stages[1].is_output
+
+
+def test_dag_from_te_tensors_and_print():
+    a = te.placeholder((8, 8), name="A")
+    b = te.compute((8, 8), lambda i, j: a[i, j] * 2.0, name="B")
+    d = ComputeDAG([a, b])
+    assert d.flop_ct == 64
+    assert "B[v_i, v_j]" in str(d) and "FLOPs: 64" in str(d)
+
+
+def test_bad_source_is_an_ansor_error():
+    with pytest.raises(AnsorError, match="PrimFunc or a list of te.Tensor"):
+        ComputeDAG("matmul")
