@@ -205,6 +205,11 @@ class ComputeDAG:
         from .loop_state import State
         return State.initial(self)
 
+    def state_from_steps(self, steps) -> "State":
+        """The state the given steps produce from the initial state (raises StepError if they do not fit)."""
+        from .loop_state import State
+        return State.initial(self).with_steps(steps)
+
     def replay(self, state_or_steps, verify: bool = False) -> tvm.s_tir.Schedule:
         """Apply a state's steps to a fresh ``s_tir.Schedule`` (see :mod:`ansor.replay`)."""
         from .replay import replay

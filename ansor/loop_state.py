@@ -358,6 +358,10 @@ def _apply_compute_at(state: State, step: ComputeAtStep) -> None:
                             f"{step.target_stage_id} ({target.name}); compute_at needs a data dependence")
         region = region_extents(made, ranges, state.shapes[made[0].buffer])
         own = stage.block.reads_of(made[0].buffer)[0]
+    used = target.block.reads_of(shared[0]) if shared else made
+    if any(i is None for acc in used for i in acc.indices):
+        raise StepError(f"stage {step.target_stage_id} ({target.name}) accesses {used[0].buffer} non-affinely; "
+                        f"the region stage {step.stage_id} ({stage.name}) must cover cannot be bounded")
     dim_of = {idx.single_var(): d for d, idx in enumerate(own.indices) if idx is not None and idx.single_var()}
     iters = []
     for k, v in enumerate(stage.block.vars):

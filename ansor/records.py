@@ -22,7 +22,7 @@ import tvm_ffi
 
 from .errors import RecordError, StepError, TargetError
 from .loop_state import State
-from .measure.types import MeasureInput, MeasureResult
+from .measure.types import ErrorNo, MeasureInput, MeasureResult
 from .search_task import SearchTask
 from .target import HardwareParams, parse_target, target_to_str
 from .transform_steps import Step, step_from_json, steps_to_json
@@ -38,6 +38,7 @@ StateIdentity = tuple[str, tuple[Step, ...]]
 
 _WORKLOAD_PREFIX = b'{"workload"'
 _MAX_REASON = 200
+_ERROR_CODES = frozenset(int(e) for e in ErrorNo)
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -316,7 +317,7 @@ def load_records(path_or_paths: Union[PathLike, Iterable[PathLike]], *, workload
         paths = list(path_or_paths)
     want_target = None
     if target is not None:
-        want_target = target_to_str(target if isinstance(target, tvm.target.Target) else parse_target(target))
+        want_target = target_to_str(parse_target(target))
     cache = _LoadCache()
     records: list[Record] = []
     for path in paths:
@@ -338,6 +339,7 @@ def _load_file(path: PathLike, want_key: Optional[str], want_target: Optional[st
         lines.pop()
     workloads: dict[str, _Workload] = {}
     pending: list[tuple[int, dict]] = []
+    skipped: list[tuple[int, str]] = []
     for lineno, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
@@ -350,17 +352,19 @@ def _load_file(path: PathLike, want_key: Optional[str], want_target: Optional[st
             else:
                 pending.append((lineno, obj))
         except _Corrupt as err:
-            _warn(path, lineno, err)
+            skipped.append((lineno, str(err)))
     # Records are resolved after the whole file was read, so the order of workload lines does not matter.
     records = []
     for lineno, obj in pending:
         try:
             rec = _parse_record(obj, want_key, want_target, workloads, cache)
         except _Corrupt as err:
-            _warn(path, lineno, err)
+            skipped.append((lineno, str(err)))
             continue
         if rec is not None:
             records.append(rec)
+    for lineno, reason in sorted(skipped):
+        logger.warning("%s:%d: skipped corrupt record (%s)", path, lineno, reason)
     return records
 
 
@@ -401,13 +405,14 @@ def _parse_record(obj: dict, want_key: Optional[str], want_target: Optional[str]
     _check(isinstance(costs, list) and all(_is_number(c) for c in costs), "costs must be numbers")
     _check(type(error_no) is int and _is_number(all_cost) and _is_number(timestamp),
            "error_no must be an integer, all_cost and timestamp numbers")
+    _check(error_no in _ERROR_CODES, f"error_no {error_no} is not an Ansor error code")
     node = obj.get("node", "")
     _check(isinstance(node, str), "node must be a string")
     wl = workloads.get(key)
     if wl is None:
-        raise _Corrupt(f"no workload line for {key!r} in this file")
+        raise _Corrupt(f"no usable workload line for {key!r} in this file")
     steps = cache.steps(steps_json)
-    result = MeasureResult(tuple(float(c) for c in costs), error_no, "", float(all_cost), float(timestamp), node)
+    result = MeasureResult(tuple(float(c) for c in costs), ErrorNo(error_no), "", float(all_cost), float(timestamp), node)
     return Record(cache.task(wl, target, tuple(hw)), steps, result)
 
 
@@ -424,10 +429,6 @@ def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     line = text[0] if text else type(err).__name__
     return line if len(line) <= _MAX_REASON else line[:_MAX_REASON] + "..."
-
-
-def _warn(path: PathLike, lineno: int, err: _Corrupt) -> None:
-    logger.warning("%s:%d: skipped corrupt record (%s)", path, lineno, err)
 
 
 # ---------------------------------------------------------------------------------------------- distill
@@ -457,7 +458,10 @@ def distill(in_paths: Union[PathLike, Iterable[PathLike]], out_path: PathLike, t
                         seen.add(rec.steps)
                         writer.write_record(rec.task, rec.steps, rec.result)
                         kept += 1
-        os.replace(tmp, out)
+        try:
+            os.replace(tmp, out)
+        except OSError as err:
+            raise RecordError(f"{out}: cannot replace log ({err.strerror or err})") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -1,0 +1,229 @@
+"""Random annotation: turn a sketch into a complete program (Ansor's initial-population rules).
+
+In order: fill tile sizes, change compute locations, parallelise outer loops, add an unroll pragma, and
+vectorize inner loops. Every choice is random; the cost model and evolution sort out which are good.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Optional
+
+from ..errors import StepError
+from ..loop_state import ATTACHED, INLINED, ROOT, State
+from ..search_task import SearchTask
+from ..target import is_gpu
+from ..transform_steps import SplitStep, Step
+from .rules import dag_stage, has_reduce_iter, is_output, needs_multi_level_tiling
+
+#: Ansor's defaults: the innermost tile is at most this long; vectorized loops at most this many lanes.
+MAX_INNERMOST_FACTOR = 64
+MAX_VECTORIZE_LANES = 16
+CPU_UNROLL_STEPS = (0, 16, 64, 512)
+
+
+@functools.lru_cache(maxsize=4096)
+def factorizations(extent: int, n: int, max_innermost: int = MAX_INNERMOST_FACTOR) -> tuple[tuple[int, ...], ...]:
+    """Every ``n``-tuple of inner tile lengths whose product divides ``extent`` (innermost bounded)."""
+    if n == 0:
+        return ((),)
+    out = []
+    for first in _divisors(extent):
+        for rest in factorizations(extent // first, n - 1, max_innermost):
+            lengths = (first, *rest)
+            if lengths[-1] <= max_innermost:
+                out.append(lengths)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def fill_tile_sizes(state: State, rng: random.Random) -> State:
+    """Give every unfilled split random lengths that divide its extent."""
+    steps: list[Step] = []
+    changed = False
+    for step in state.steps:
+        if isinstance(step, SplitStep) and any(v is None for v in step.lengths):
+            choices = factorizations(step.extent or 1, len(step.lengths))
+            step = SplitStep(step.stage_id, step.iter_id, step.extent, rng.choice(choices), step.inner_to_outer)
+            changed = True
+        steps.append(step)
+    return state.with_steps(steps) if changed else state.copy()
+
+
+def compute_location_candidates(state: State, stage_id: int) -> list[tuple[int, int]]:
+    """Loops of the single consumer under which a producer could be computed (Ansor's candidate rule)."""
+    consumers = state.consumers(stage_id)
+    if len(consumers) != 1:
+        return []
+    target = consumers[0]
+    tstage = state.stages[target]
+    tiled = any(isinstance(s, SplitStep) and s.stage_id == target for s in state.steps)
+    out: list[tuple[int, int]] = []
+    seen_reduce = False
+    attached_at = {state.stages[c].attach[1] for c in state.attached_to(target)}
+    for k, it in enumerate(tstage.iters):
+        if it.kind == "R":
+            seen_reduce = True
+            if not tiled:
+                break
+        elif seen_reduce:
+            break
+        if it.annotation == "unroll":
+            break
+        if (it.extent or 1) == 1:
+            continue
+        out.append((target, k))
+        if k in attached_at:
+            break
+    return out
+
+
+def change_compute_location(state: State, rng: random.Random) -> State:
+    """For each untiled, unplaced stage: keep it at the root, inline it, or compute it at a consumer loop."""
+    for stage_id in range(len(state.stages) - 1, -1, -1):
+        stage = state.stages[stage_id]
+        if stage.compute_at != ROOT or stage.origin < 0 or needs_multi_level_tiling(state, stage_id):
+            continue
+        if any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps):
+            continue
+        candidates = compute_location_candidates(state, stage_id)
+        choice = rng.randrange(len(candidates) + 2)
+        trial = state.copy()
+        try:
+            if choice == 1:
+                if has_reduce_iter(state, stage_id) or is_output(state, stage_id):
+                    continue
+                trial.compute_inline(stage_id)
+            elif choice >= 2:
+                trial.compute_at(stage_id, *candidates[choice - 2])
+            else:
+                continue
+        except StepError:
+            continue
+        state = trial
+    return state
+
+
+def annotate_parallel(state: State, task: SearchTask) -> None:
+    """Fuse the outer spatial loops of every root stage until there is enough parallelism, then parallel."""
+    limit = task.hardware_params.num_cores * 16
+    for stage_id, stage in enumerate(state.stages):
+        if stage.compute_at == ROOT:
+            _parallel_outer(state, stage_id, 0, limit)
+
+
+def _parallel_outer(state: State, stage_id: int, offset: int, limit: int) -> None:
+    stage = state.stages[stage_id]
+    attached = {state.stages[c].attach[1]: c for c in state.attached_to(stage_id)}
+    fused: list[int] = []
+    degree = 1
+    k = offset
+    while k < len(stage.iters):
+        it = stage.iters[k]
+        if it.kind != "S" or it.annotation != "none":
+            break
+        fused.append(k)
+        degree *= it.extent or 1
+        if degree > limit or k in attached:
+            break
+        k += 1
+    if not fused:
+        return
+    if len(fused) > 1:
+        state.fuse(stage_id, fused)
+    state.annotate(stage_id, fused[0], "parallel")
+
+
+def annotate_unroll(state: State, rng: random.Random, task: SearchTask) -> None:
+    """An auto-unroll pragma with a random step limit on every stage that reduces."""
+    for stage_id, stage in enumerate(state.stages):
+        if stage.compute_at != INLINED and stage.iters and has_reduce_iter(state, stage_id):
+            value = rng.choice(CPU_UNROLL_STEPS if not is_gpu(task.target) else (0, 16, 64, 512, 1024))
+            state.pragma(stage_id, 0, f"auto_unroll_max_step${value}")
+
+
+def annotate_vectorize(state: State, rng: random.Random) -> None:
+    """Vectorize (a fusion of) the innermost spatial loops of every stage, up to 16 lanes.
+
+    Beyond Ansor: an untiled stage whose innermost loop is too long to vectorize is split first, so
+    element-wise epilogues and copy stages still get vector code.
+    """
+    for stage_id, stage in enumerate(state.stages):
+        if stage.compute_at == INLINED or not stage.iters:
+            continue
+        tiled = any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps)
+        attached_at = {state.stages[c].attach[1] for c in state.attached_to(stage_id)}
+        n = len(stage.iters)
+        fusible, length = 0, 1
+        while fusible < n:
+            k = n - 1 - fusible
+            it = stage.iters[k]
+            if k in attached_at or it.kind != "S" or it.annotation != "none" or (tiled and fusible):
+                break
+            if length * (it.extent or 1) > MAX_VECTORIZE_LANES:
+                break
+            length *= it.extent or 1
+            fusible += 1
+        if fusible == 0:
+            last = stage.iters[-1]
+            if not tiled and last.kind == "S" and last.annotation == "none" and (n - 1) not in attached_at \
+                    and (last.extent or 1) > MAX_VECTORIZE_LANES:
+                factor = _largest_divisor_at_most(last.extent or 1, MAX_VECTORIZE_LANES)
+                if factor > 1:
+                    state.split(stage_id, n - 1, [factor])
+                    state.annotate(stage_id, n, "vectorize")
+            continue
+        if fusible > 1:
+            fusible = 1 + rng.randrange(fusible - 1) if fusible > 2 else rng.choice((1, 2))
+        if fusible == 1:
+            state.annotate(stage_id, n - 1, "vectorize")
+        else:
+            state.fuse(stage_id, list(range(n - fusible, n)))
+            state.annotate(stage_id, n - fusible, "vectorize")
+
+
+def _largest_divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in _divisors(n) if d <= cap)
+
+
+def sample_program(task: SearchTask, sketch: State, rng: random.Random) -> Optional[State]:
+    """One complete random program from ``sketch`` (None if the random choices were illegal)."""
+    try:
+        state = fill_tile_sizes(sketch, rng)
+        state = change_compute_location(state, rng)
+        annotate_parallel(state, task)
+        annotate_unroll(state, rng, task)
+        annotate_vectorize(state, rng)
+    except StepError:
+        return None
+    return state
+
+
+def sample_initial_population(task: SearchTask, sketches: list[State], n: int, rng: random.Random,
+                              exclude: Optional[set] = None, max_tries: int = 0) -> list[State]:
+    """Up to ``n`` distinct random programs, spread over the sketches; ``exclude`` holds known keys."""
+    exclude = set() if exclude is None else exclude
+    out: list[State] = []
+    seen: set = set()
+    tries = 0
+    max_tries = max_tries or n * 8
+    while len(out) < n and tries < max_tries:
+        tries += 1
+        state = sample_program(task, rng.choice(sketches), rng)
+        if state is None:
+            continue
+        key = state.key()
+        if key in seen or key in exclude:
+            continue
+        seen.add(key)
+        out.append(state)
+    return out
+
+
+__all__ = ["ATTACHED", "factorizations", "fill_tile_sizes", "sample_initial_population", "sample_program",
+           "dag_stage"]

@@ -1,0 +1,154 @@
+"""Evolutionary search over complete programs, ranked by the cost model.
+
+Each generation scores the population, keeps the best unmeasured programs seen so far, and breeds the next
+generation by mutating parents picked with probability proportional to their score. Mutations edit one
+step of a program and replay the rest in pure Python; a program whose steps no longer fit is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from ..errors import StepError
+from ..loop_state import State
+from ..search_task import SearchTask
+from ..target import is_gpu
+from ..transform_steps import ComputeAtStep, PragmaStep, SplitStep, Step
+from .annotation import CPU_UNROLL_STEPS, MAX_INNERMOST_FACTOR, _divisors, compute_location_candidates
+
+logger = logging.getLogger("ansor")
+
+
+class Scorer(Protocol):
+    def predict(self, task: SearchTask, states: Sequence[State]) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class EvolutionParams:
+    """Population size and generations trade search time for quality; Ansor used 2048 x 4."""
+
+    population: int = 256
+    generations: int = 3
+    mutation_prob: float = 0.85
+    #: probabilities of Ansor's CPU mutation rules (parallel mutation is folded into tile size here)
+    p_tile_size: float = 0.90
+    p_unroll: float = 0.04
+    p_compute_location: float = 0.05
+
+
+def mutate_tile_size(task: SearchTask, state: State, rng: random.Random) -> Optional[State]:
+    """Move a factor of one tile level to another level of the same split (the product stays the same)."""
+    candidates = [i for i, s in enumerate(state.steps)
+                  if isinstance(s, SplitStep) and s.extent and s.extent > 1 and None not in s.lengths]
+    if not candidates:
+        return None
+    idx = rng.choice(candidates)
+    step: SplitStep = state.steps[idx]  # type: ignore[assignment]
+    inner = 1
+    for length in step.lengths:
+        inner *= length  # type: ignore[operator]
+    levels = [step.extent // inner, *step.lengths] if step.inner_to_outer else [*step.lengths, step.extent // inner]
+    src_choices = [k for k, v in enumerate(levels) if v > 1]
+    if not src_choices or len(levels) < 2:
+        return None
+    src = rng.choice(src_choices)
+    dst = rng.choice([k for k in range(len(levels)) if k != src])
+    factor = rng.choice([d for d in _divisors(levels[src]) if d > 1])
+    levels[src] //= factor
+    levels[dst] *= factor
+    lengths = tuple(levels[1:]) if step.inner_to_outer else tuple(levels[:-1])
+    if lengths[-1] > MAX_INNERMOST_FACTOR:  # type: ignore[operator]
+        return None
+    return _replace_step(state, idx, SplitStep(step.stage_id, step.iter_id, step.extent, lengths,
+                                               step.inner_to_outer))
+
+
+def mutate_unroll(task: SearchTask, state: State, rng: random.Random) -> Optional[State]:
+    """Pick another auto-unroll limit for one stage."""
+    idx = [i for i, s in enumerate(state.steps) if isinstance(s, PragmaStep)]
+    if not idx:
+        return None
+    i = rng.choice(idx)
+    step: PragmaStep = state.steps[i]  # type: ignore[assignment]
+    values = (0, 16, 64, 512, 1024) if is_gpu(task.target) else CPU_UNROLL_STEPS
+    value = rng.choice([v for v in values if f"auto_unroll_max_step${v}" != step.pragma])
+    return _replace_step(state, i, PragmaStep(step.stage_id, step.iter_id, f"auto_unroll_max_step${value}"))
+
+
+def mutate_compute_location(task: SearchTask, state: State, rng: random.Random) -> Optional[State]:
+    """Move a producer that random annotation placed under a consumer loop to another candidate loop."""
+    idx = [i for i, s in enumerate(state.steps)
+           if isinstance(s, ComputeAtStep) and s.stage_id < s.target_stage_id]
+    if not idx:
+        return None
+    i = rng.choice(idx)
+    step: ComputeAtStep = state.steps[i]  # type: ignore[assignment]
+    before = state.with_steps(state.steps[:i])
+    options = [c for c in compute_location_candidates(before, step.stage_id)
+               if c != (step.target_stage_id, step.target_iter_id)]
+    if not options:
+        return None
+    target, iter_id = rng.choice(options)
+    return _replace_step(state, i, ComputeAtStep(step.stage_id, target, iter_id))
+
+
+def _replace_step(state: State, index: int, step: Step) -> Optional[State]:
+    steps = list(state.steps)
+    steps[index] = step
+    try:
+        return state.with_steps(steps)
+    except StepError:
+        return None
+
+
+Mutation = Callable[[SearchTask, State, random.Random], Optional[State]]
+
+
+def evolutionary_search(task: SearchTask, model: Scorer, population: list[State], out_size: int,
+                        exclude: set, rng: random.Random, params: EvolutionParams = EvolutionParams()
+                        ) -> list[tuple[float, State]]:
+    """The ``out_size`` best-scored programs found, none of them in ``exclude`` (best first)."""
+    rules: list[tuple[float, Mutation]] = [
+        (params.p_tile_size, mutate_tile_size),
+        (params.p_unroll, mutate_unroll),
+        (params.p_compute_location, mutate_compute_location),
+    ]
+    weights = [w for w, _ in rules]
+    best: dict = {}
+    for generation in range(params.generations + 1):
+        if not population:
+            break
+        scores = np.asarray(model.predict(task, population), dtype=float)
+        for state, score in zip(population, scores):
+            key = state.key()
+            if key not in exclude and (key not in best or best[key][0] < score):
+                best[key] = (float(score), state)
+        if generation == params.generations:
+            break
+        finite = np.where(np.isfinite(scores), scores, np.nan)
+        floor = np.nanmin(finite) if np.isfinite(finite).any() else 0.0
+        fitness = np.nan_to_num(finite - floor, nan=0.0) + 1e-6
+        probs = fitness / fitness.sum()
+        nxt: list[State] = []
+        seen: set = set()
+        for _ in range(params.population * 3):
+            if len(nxt) >= params.population:
+                break
+            parent = population[int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum()).clip(
+                0, len(population) - 1))]
+            child: Optional[State] = parent
+            if rng.random() < params.mutation_prob:
+                mutate = rng.choices(rules, weights=weights)[0][1]
+                child = mutate(task, parent, rng)
+            if child is None or child.key() in seen:
+                continue
+            seen.add(child.key())
+            nxt.append(child)
+        population = nxt
+    ranked = sorted(best.values(), key=lambda item: -item[0])
+    return ranked[:out_size]

@@ -1,0 +1,101 @@
+"""SketchPolicy: what to measure next, one round at a time.
+
+A round samples random programs from the sketches, seeds evolution with them and with the best measured
+programs, and returns the top of the evolved population plus a few (eps-greedy) random programs. A
+program already measured (this run or in a resumed log) is never returned again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from ..loop_state import State
+from ..measure.types import MeasureInput, MeasureResult
+from ..search_task import SearchTask
+from .annotation import sample_initial_population
+from .evolution import EvolutionParams, Scorer, evolutionary_search
+from .rules import SketchRule, generate_sketches
+
+logger = logging.getLogger("ansor")
+
+
+@dataclass
+class SearchParams:
+    """Knobs of one search round (defaults sized for a 2-core machine; Ansor's were larger)."""
+
+    init_population: int = 128
+    eps_greedy: float = 0.05
+    use_measured_ratio: float = 0.2
+    evolution: EvolutionParams = field(default_factory=EvolutionParams)
+
+
+@dataclass
+class RoundStats:
+    """Where a round's search time went (seconds)."""
+
+    sample: float = 0.0
+    evolve: float = 0.0
+    candidates: int = 0
+
+
+class SketchPolicy:
+    """Generates candidates for one task; learns nothing itself (the cost model does)."""
+
+    def __init__(self, task: SearchTask, model: Scorer, seed: int = 0, params: Optional[SearchParams] = None,
+                 extra_rules: Sequence[SketchRule] = ()):
+        self.task = task
+        self.model = model
+        self.rng = random.Random(seed)
+        self.params = params or SearchParams()
+        self.sketches = generate_sketches(task, extra_rules=tuple(extra_rules))
+        self.measured: set = set()
+        self._best: list[tuple[float, int, State]] = []  # the 64 fastest: a min-heap on -cost pops the slowest
+        self._counter = 0
+        self.last_round = RoundStats()
+        logger.info("%s: %d sketches", task.desc, len(self.sketches))
+
+    def record(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
+        """Remember what was measured so it is never proposed again and good programs seed evolution."""
+        for inp, res in zip(inputs, results):
+            self.measured.add(inp.state.key())
+            if res.ok:
+                self._counter += 1
+                heapq.heappush(self._best, (-res.mean_cost, self._counter, inp.state))
+                if len(self._best) > 64:
+                    heapq.heappop(self._best)
+
+    def next_batch(self, n: int) -> list[State]:
+        """Up to ``n`` new programs to measure (fewer when the search space is exhausted)."""
+        stats = RoundStats()
+        t0 = time.perf_counter()
+        p = self.params
+        population = sample_initial_population(self.task, self.sketches, p.init_population, self.rng,
+                                               exclude=self.measured)
+        seeds = [s for _, _, s in sorted(self._best, reverse=True)]
+        n_seed = int(p.init_population * p.use_measured_ratio)
+        population += seeds[:n_seed]
+        stats.sample = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        n_random = max(0, int(round(n * p.eps_greedy))) if self.measured else 0
+        evolved = evolutionary_search(self.task, self.model, population, 2 * n, self.measured, self.rng,
+                                      p.evolution)
+        stats.evolve = time.perf_counter() - t1
+        batch: list[State] = []
+        keys: set = set()
+        for _, state in evolved:
+            if len(batch) >= n - n_random:
+                break
+            if state.key() not in keys:
+                keys.add(state.key())
+                batch.append(state)
+        for state in sample_initial_population(self.task, self.sketches, n - len(batch), self.rng,
+                                               exclude=self.measured | keys):
+            batch.append(state)
+        stats.candidates = len(batch)
+        self.last_round = stats
+        return batch

@@ -1,0 +1,311 @@
+"""Sketch generation: the few loop-nest skeletons worth searching, derived rule by rule.
+
+Rules run from the output stage towards the inputs, as in Ansor. Each rule says whether it applies to a
+stage (``PASS``, ``APPLY``, ``APPLY_AND_SKIP_REST``) and, if so, returns new (state, next stage id) pairs.
+A sketch is a state whose split lengths are still ``None``; random annotation fills them in.
+
+Our TensorIR adaptation of fusion: Ansor tiled the consumer and computed the producer inside it. Here the
+producer is tiled and the consumer is placed under its tile loop with ``CA`` (``reverse_compute_at``),
+which builds the same loop nest.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+from ..loop_state import INLINED, ROOT, State
+from ..search_task import SearchTask
+from ..target import is_gpu
+
+
+class Cond(Enum):
+    PASS = 0
+    APPLY = 1
+    APPLY_AND_SKIP_REST = 2
+
+
+class SketchRule:
+    """A sketch rule. Subclass and pass instances to ``SketchPolicy(extra_rules=...)`` to add your own."""
+
+    name = "rule"
+
+    def condition(self, task: SearchTask, state: State, stage_id: int) -> Cond:
+        raise NotImplementedError
+
+    def apply(self, task: SearchTask, state: State, stage_id: int) -> list[tuple[State, int]]:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------- predicates
+def dag_stage(state: State, stage_id: int):
+    """The ComputeDAG analysis of the block a stage came from (None for stages a step added)."""
+    origin = state.stages[stage_id].origin
+    return state.dag.stages[origin] if origin >= 0 else None
+
+
+def needs_multi_level_tiling(state: State, stage_id: int) -> bool:
+    ds = dag_stage(state, stage_id)
+    return ds is not None and ds.needs_multi_level_tiling
+
+
+def has_reduce_iter(state: State, stage_id: int) -> bool:
+    return any(it.kind == "R" for it in state.stages[stage_id].iters)
+
+
+def is_output(state: State, stage_id: int) -> bool:
+    return bool(set(state.stages[stage_id].block.write_buffers()) & state.dag.param_buffers)
+
+
+def has_cache_write_stage(state: State, stage_id: int) -> bool:
+    """True once CHW redirected this stage's output into a cache."""
+    ds = dag_stage(state, stage_id)
+    return ds is not None and state.stages[stage_id].block.writes[0].buffer != ds.block.writes[0].buffer
+
+
+def should_always_inline(task: SearchTask, state: State, stage_id: int) -> bool:
+    stage = state.stages[stage_id]
+    if stage.compute_at == INLINED or is_output(state, stage_id) or has_reduce_iter(state, stage_id):
+        return False
+    ds = dag_stage(state, stage_id)
+    if ds is None:
+        return False
+    return True if is_gpu(task.target) else ds.strictly_inlineable
+
+
+def single_elementwise_consumer(state: State, stage_id: int) -> Optional[int]:
+    """The only live consumer, if it reads this stage's output element for element (Ansor's fusion test)."""
+    consumers = state.consumers(stage_id)
+    if len(consumers) != 1:
+        return None
+    target = consumers[0]
+    stage, consumer = state.stages[stage_id], state.stages[target]
+    if has_reduce_iter(state, stage_id) and has_reduce_iter(state, target):
+        return None
+    if consumer.name.endswith("_shared") or any(v.kind == "R" for v in consumer.block.vars):
+        return None
+    out = stage.block.writes[0]
+    spatial = [v for v in consumer.block.vars if v.kind == "S"]
+    if state.shapes[out.buffer] != tuple(v.extent for v in spatial):
+        return None
+    for acc in consumer.block.reads_of(out.buffer):
+        if [None if i is None or i.const else i.single_var() for i in acc.indices] != [v.name for v in spatial]:
+            return None
+    return target
+
+
+def space_and_reduce_length(state: State, stage_id: int) -> tuple[int, int]:
+    space = reduce = 1
+    for it in state.stages[stage_id].iters:
+        if it.kind == "S":
+            space *= it.extent or 1
+        elif it.kind == "R":
+            reduce *= it.extent or 1
+    return space, reduce
+
+
+def needs_rfactor(task: SearchTask, state: State, stage_id: int) -> bool:
+    """Ansor's test: factor a reduction when its spatial part cannot keep the cores busy."""
+    if not has_reduce_iter(state, stage_id) or dag_stage(state, stage_id) is None:
+        return False
+    space, reduce = space_and_reduce_length(state, stage_id)
+    cores = task.hardware_params.num_cores
+    if needs_multi_level_tiling(state, stage_id):
+        return not (space > reduce or space > cores * 16)
+    return reduce > 1 and reduce > cores
+
+
+# ---------------------------------------------------------------------------------------------- tiling
+def multi_level_tiling(state: State, stage_id: int, structure: str) -> tuple[State, list[int], list[int]]:
+    """Split every spatial iterator into the 'S' levels and every reduce iterator into the 'R' levels.
+
+    Returns the new state, the step ids of the spatial splits (for FSP/FFSP followers), and for each
+    character of ``structure`` the iterator id of that level's last loop. Unit-extent iterators are not
+    split; they stay in the outermost level of their kind.
+    """
+    n_space, n_reduce = structure.count("S"), structure.count("R")
+    s = state.copy()
+    space_levels: list[list[int]] = [[] for _ in range(n_space)]
+    reduce_levels: list[list[int]] = [[] for _ in range(n_reduce)]
+    split_ids: list[int] = []
+    pos = 0  # position of the current original iterator; splits add iterators before the next one
+    for it in state.stages[stage_id].iters:
+        levels, n = (space_levels, n_space) if it.kind == "S" else (reduce_levels, n_reduce)
+        if it.kind not in ("S", "R") or n == 1 or (it.extent or 1) == 1:
+            levels[0].append(pos)
+            pos += 1
+            continue
+        s.split(stage_id, pos, [None] * (n - 1))
+        if it.kind == "S":
+            split_ids.append(len(s.steps) - 1)
+        for level in range(n):
+            levels[level].append(pos + level)
+        pos += n
+    order: list[int] = []
+    level_ends: list[int] = []
+    counters = {"S": 0, "R": 0}
+    for ch in structure:
+        levels = space_levels if ch == "S" else reduce_levels
+        order += levels[counters[ch]]
+        counters[ch] += 1
+        level_ends.append(len(order) - 1)
+    if order != list(range(len(order))):
+        s.reorder(stage_id, order)
+    return s, split_ids, level_ends
+
+
+def spatial_level_end(structure: str, level_ends: list[int], level: int) -> int:
+    """Iterator id of the last loop of the ``level``-th (1-based) spatial tile level."""
+    positions = [k for k, ch in enumerate(structure) if ch == "S"]
+    return level_ends[positions[level - 1]]
+
+
+# ---------------------------------------------------------------------------------------------- rules
+class AlwaysInline(SketchRule):
+    name = "always_inline"
+
+    def condition(self, task, state, stage_id):
+        return Cond.APPLY_AND_SKIP_REST if should_always_inline(task, state, stage_id) else Cond.PASS
+
+    def apply(self, task, state, stage_id):
+        s = state.copy()
+        s.compute_inline(stage_id)
+        return [(s, stage_id - 1)]
+
+
+class AddRfactor(SketchRule):
+    """Fuse the reduction loops, split them in two, and factor out either half (two sketches)."""
+
+    name = "add_rfactor"
+
+    def condition(self, task, state, stage_id):
+        ok = needs_rfactor(task, state, stage_id) and not has_cache_write_stage(state, stage_id)
+        return Cond.APPLY if ok else Cond.PASS
+
+    def apply(self, task, state, stage_id):
+        base = state.copy()
+        iters = base.stages[stage_id].iters
+        spatial = [k for k, it in enumerate(iters) if it.kind == "S"]
+        reduce = [k for k, it in enumerate(iters) if it.kind == "R"]
+        if spatial + reduce != list(range(len(iters))):
+            base.reorder(stage_id, spatial + reduce)
+        if len(reduce) > 1:
+            base.fuse(stage_id, list(range(len(spatial), len(iters))))
+        r = len(spatial)
+        base.split(stage_id, r, [None])
+        out = []
+        for which in (r, r + 1):
+            s = base.copy()
+            s.rfactor(stage_id, which, len(spatial))
+            out.append((s, stage_id - 1))
+        return out
+
+
+class AddCacheWrite(SketchRule):
+    name = "add_cache_write"
+
+    def condition(self, task, state, stage_id):
+        if needs_multi_level_tiling(state, stage_id) and single_elementwise_consumer(state, stage_id) is None \
+                and state.stages[stage_id].compute_at == ROOT and not has_cache_write_stage(state, stage_id):
+            return Cond.APPLY_AND_SKIP_REST if is_gpu(task.target) else Cond.APPLY
+        return Cond.PASS
+
+    def apply(self, task, state, stage_id):
+        s = state.copy()
+        s.cache_write(stage_id, "local")
+        return [(s, stage_id)]
+
+
+class MultiLevelTilingWithFusion(SketchRule):
+    """Tile the stage and fuse its element-wise consumer under tile level 1 or 2 (CPU) / 3 (GPU)."""
+
+    name = "multi_level_tiling_with_fusion"
+
+    def condition(self, task, state, stage_id):
+        if needs_multi_level_tiling(state, stage_id) and single_elementwise_consumer(state, stage_id) is not None:
+            if has_cache_write_stage(state, stage_id) or is_gpu(task.target):
+                return Cond.APPLY_AND_SKIP_REST
+            return Cond.APPLY
+        return Cond.PASS
+
+    def apply(self, task, state, stage_id):
+        structure = tiling_structure(task)
+        consumer = single_elementwise_consumer(state, stage_id)
+        base, _, level_ends = multi_level_tiling(state, stage_id, structure)
+        out = []
+        for level in ((3,) if is_gpu(task.target) else (1, 2)):
+            s = base.copy()
+            s.compute_at(consumer, stage_id, spatial_level_end(structure, level_ends, level))
+            out.append((s, stage_id - 1))
+        return out
+
+
+class MultiLevelTiling(SketchRule):
+    name = "multi_level_tiling"
+
+    def condition(self, task, state, stage_id):
+        return Cond.APPLY_AND_SKIP_REST if needs_multi_level_tiling(state, stage_id) else Cond.PASS
+
+    def apply(self, task, state, stage_id):
+        s, _, _ = multi_level_tiling(state, stage_id, tiling_structure(task))
+        return [(s, stage_id - 1)]
+
+
+class SkipStage(SketchRule):
+    name = "skip_stage"
+
+    def condition(self, task, state, stage_id):
+        return Cond.APPLY
+
+    def apply(self, task, state, stage_id):
+        return [(state, stage_id - 1)]
+
+
+def tiling_structure(task: SearchTask) -> str:
+    return "SSSRRSRS" if is_gpu(task.target) else "SSRSRS"
+
+
+CPU_RULES: tuple[SketchRule, ...] = (
+    AlwaysInline(), AddRfactor(), AddCacheWrite(), MultiLevelTilingWithFusion(), MultiLevelTiling(), SkipStage(),
+)
+
+
+def generate_sketches(task: SearchTask, rules: Optional[tuple[SketchRule, ...]] = None,
+                      extra_rules: tuple[SketchRule, ...] = ()) -> list[State]:
+    """All sketches of ``task``: each rule list walk from the last stage to the first.
+
+    ``extra_rules`` run before the built-in ones (a user rule returning APPLY_AND_SKIP_REST replaces them
+    for the stages it claims).
+    """
+    rules = tuple(extra_rules) + tuple(rules or CPU_RULES)
+    init = task.compute_dag.init_state()
+    frontier: list[tuple[State, int]] = [(init, len(init.stages) - 1)]
+    sketches: list[State] = []
+    seen: set = set()
+    while frontier:
+        nxt: list[tuple[State, int]] = []
+        for state, stage_id in frontier:
+            if stage_id < 0:
+                if state.key() not in seen:
+                    seen.add(state.key())
+                    sketches.append(state)
+                continue
+            stage = state.stages[stage_id]
+            if stage.compute_at == INLINED or stage.origin < 0:
+                nxt.append((state, stage_id - 1))
+                continue
+            for rule in rules:
+                cond = rule.condition(task, state, stage_id)
+                if cond == Cond.PASS:
+                    continue
+                nxt.extend(rule.apply(task, state, stage_id))
+                if cond == Cond.APPLY_AND_SKIP_REST:
+                    break
+        frontier = nxt
+    return sketches
+
+
+def num_split_lengths(state: State) -> int:
+    """How many split lengths a sketch leaves open (a measure of its search space)."""
+    return sum(1 for step in state.steps for v in getattr(step, "lengths", ()) if v is None)
+

@@ -1,0 +1,305 @@
+"""Tests for ansor.records: writing, crash tolerance, self-contained replay, best-of, resume and distill.
+
+Everything uses real TVM programs (matmul-64 / matmul-32) and real states; the self-containedness check
+replays a state in a fresh interpreter that is not allowed to look up the workload registry.
+"""
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tvm
+import tvm_ffi
+
+from ansor.errors import RecordError
+from ansor.measure.types import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.records import (
+    RECORD_VERSION, Record, RecordWriter, best_record, best_records, distill, load_records, measured_keys,
+    save_records, state_identity,
+)
+from ansor.search_task import SearchTask
+
+FACTORS = [(2, 4), (4, 2), (8, 8), (16, 4), (4, 16), (8, 2), (2, 8), (32, 1)]
+OTHER_TARGET = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 4}
+
+
+@pytest.fixture(scope="module")
+def task():
+    return SearchTask.from_workload("matmul-64")
+
+
+@pytest.fixture(scope="module")
+def small_task():
+    return SearchTask.from_workload("matmul-32")
+
+
+def make_state(task, outer, inner):
+    s = task.compute_dag.init_state()
+    s.split(0, 0, [outer])
+    s.split(0, 2, [inner])
+    s.annotate(0, 0, "parallel")
+    return s
+
+
+@pytest.fixture(scope="module")
+def states(task):
+    return [make_state(task, a, b) for a, b in FACTORS]
+
+
+def ok(cost, node=""):
+    return MeasureResult((cost, cost * 1.1), ErrorNo.NO_ERROR, all_cost=0.5, timestamp=1.7e9, node=node)
+
+
+def failed(error_no=ErrorNo.RUNTIME_DEVICE, cost=MAX_COST):
+    return MeasureResult((cost,), error_no, error_msg="boom", all_cost=0.5, timestamp=1.7e9)
+
+
+def write(path, task, states, results):
+    save_records(path, [MeasureInput(task, s) for s in states], results)
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "ansor" and r.levelno == logging.WARNING]
+
+
+def test_thousand_records_with_corrupt_and_truncated_lines(tmp_path, task, states, caplog):
+    path = tmp_path / "logs" / "tune.json"  # parent folder is created by the writer
+    costs = [1e-3 * (1 + (i * 37) % 1000) for i in range(1000)]
+    with RecordWriter(path) as writer:
+        for i, cost in enumerate(costs):
+            writer.write([MeasureInput(task, states[i % 8])], [ok(cost, node=f"n{i % 3}")])
+    lines = path.read_text().splitlines(keepends=True)
+    assert len(lines) == 1001 and json.loads(lines[0])["workload"] == "matmul-64"
+    lines[500] = "#@!garbage{{\n"  # line 501: record index 499
+    lines[-1] = lines[-1][: len(lines[-1]) // 2]  # line 1001, torn mid-way, no newline
+    path.write_text("".join(lines))
+
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        records = load_records(path)
+    assert len(records) == 998
+    messages = warnings_of(caplog)
+    assert len(messages) == 2
+    assert messages[0].startswith(f"{path}:501: skipped corrupt record (not JSON")
+    assert messages[1] == f"{path}:1001: skipped corrupt record (truncated line)"
+
+    kept = [i for i in range(1000) if i not in (499, 999)]
+    assert [r.result.costs[0] for r in records] == [costs[i] for i in kept]
+    for rec, i in zip(records[:16], kept):
+        assert rec.steps == tuple(states[i % 8].steps)
+        assert rec.result.node == f"n{i % 3}" and rec.result.all_cost == 0.5
+    assert len({id(r.task) for r in records}) == 1  # one task per workload per load call
+    assert records[3].task.target_str == task.target_str
+    assert records[3].task.hardware_params == task.hardware_params
+    assert str(records[3].state) == str(states[3])
+
+
+def test_best_records_ignores_errors_and_uses_mean(tmp_path, task, small_task, states):
+    path = tmp_path / "best.json"
+    results = [
+        MeasureResult((1.0, 3.0), 0),  # mean 2.0, min 1.0
+        MeasureResult((1.5, 1.5), 0),  # mean 1.5: the best
+        failed(),
+        failed(ErrorNo.WRONG_ANSWER, cost=1e-9),  # fast but wrong
+        MeasureResult((1.6,), 0),
+    ]
+    write(path, task, states[:5], results)
+    write(path, small_task, [make_state(small_task, 4, 4)], [failed(ErrorNo.BUILD_TIMEOUT)])
+    best = best_records(load_records(path))
+    assert set(best) == {"matmul-64"}  # no valid record for matmul-32
+    assert best["matmul-64"].steps == tuple(states[1].steps)
+    assert best["matmul-64"].result.mean_cost == 1.5
+    assert best_record(path, "matmul-64").steps == tuple(states[1].steps)
+    assert best_record(path, "matmul-32") is None
+
+
+def test_fresh_process_replays_best_state_without_registry(tmp_path, task, states):
+    path = tmp_path / "replay.json"
+    write(path, task, states, [ok(1e-3 * (8 - i)) for i in range(8)])
+    best = states[7]
+    mod = task.compute_dag.replay(best).mod
+    expect = {"hash": tvm_ffi.structural_hash(mod["main"]), "script": mod.script()}
+
+    code = textwrap.dedent(f"""
+        import json, sys
+        import ansor.workloads
+        def forbidden(*args, **kwargs):
+            raise AssertionError("the log must be self-contained")
+        ansor.workloads.get_workload = forbidden
+        import tvm_ffi
+        from ansor.records import best_record
+        rec = best_record({str(path)!r}, "matmul-64")
+        mod = rec.task.compute_dag.replay(rec.state).mod
+        json.dump({{"hash": tvm_ffi.structural_hash(mod["main"]), "script": mod.script()}}, sys.stdout)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == expect
+
+
+def test_missing_and_unreadable_files_raise(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(RecordError, match=str(missing)):
+        load_records(missing)
+    with pytest.raises(RecordError, match=str(tmp_path)):
+        load_records([tmp_path])  # a directory
+
+
+def test_empty_file_gives_no_records(tmp_path, caplog):
+    path = tmp_path / "empty.json"
+    path.write_text("")
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        assert load_records(path) == []
+        assert load_records([]) == []
+    assert warnings_of(caplog) == []
+
+
+def test_unknown_step_tag_wrong_shape_version_and_missing_workload(tmp_path, task, states, caplog):
+    path = tmp_path / "bad.json"
+    write(path, task, states[:5], [ok(1.0 + i) for i in range(5)])
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1].replace('"SP"', '"XX"')
+    lines[2] = json.dumps({"i": [["matmul-64"]], "r": [], "v": RECORD_VERSION})
+    lines[3] = lines[3].replace(RECORD_VERSION, "v0.6")
+    orphan = json.loads(lines[4])
+    orphan["i"][0][0] = "matmul-128"  # a key with no workload line in this file
+    lines[4] = json.dumps(orphan)
+    path.write_text("\n".join(lines) + "\n\n")  # a trailing blank line is not an error
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        records = load_records(path)
+    assert [r.result.costs[0] for r in records] == [5.0]
+    messages = warnings_of(caplog)
+    assert len(messages) == 4
+    assert messages[0].startswith(f"{path}:2: skipped corrupt record (") and "XX" in messages[0]
+    assert messages[1].startswith(f"{path}:3: skipped corrupt record (wrong shape")
+    assert messages[2].startswith(f"{path}:4: skipped corrupt record (version 'v0.6'")
+    assert messages[3] == f"{path}:5: skipped corrupt record (no usable workload line for 'matmul-128' in this file)"
+
+
+def test_filter_by_workload_key_and_target(tmp_path, task, small_task, states):
+    other = SearchTask.from_workload("matmul-64", target=OTHER_TARGET)
+    path_a, path_b = tmp_path / "a.json", tmp_path / "b.json"
+    write(path_a, task, states[:3], [ok(1.0)] * 3)
+    write(path_a, small_task, [make_state(small_task, 2, 2)], [ok(1.0)])
+    write(path_b, other, states[:2], [ok(2.0)] * 2)
+    write(path_b, task, states[3:4], [ok(3.0)])
+
+    both = load_records([path_a, path_b])
+    assert len(both) == 7
+    tasks = {(r.workload_key, r.task.target_str): id(r.task) for r in both}
+    assert len(tasks) == 3 and len({id(r.task) for r in both}) == 3  # shared across files
+    assert {r.workload_key for r in load_records([path_a, path_b], workload_key="matmul-32")} == {"matmul-32"}
+    mine = load_records([path_a, path_b], workload_key="matmul-64", target=task.target)
+    assert [r.result.costs[0] for r in mine] == [1.0, 1.0, 1.0, 3.0]
+    theirs = load_records([path_a, path_b], target="llvm -mcpu=skylake-avx512 -num-cores=4")
+    assert [r.result.costs[0] for r in theirs] == [2.0, 2.0]
+    assert theirs[0].task.hardware_params == other.hardware_params
+    assert theirs[0].task.hardware_params != task.hardware_params
+
+
+def test_measured_keys_detect_already_measured_states(tmp_path, task, small_task, states):
+    path = tmp_path / "resume.json"
+    write(path, task, states[:4], [ok(1.0), failed(), ok(2.0), ok(3.0)])
+    seen = measured_keys(load_records(path))
+    assert len(seen) == 4
+    for s in states[:4]:
+        assert state_identity("matmul-64", s) in seen
+        assert state_identity("matmul-64", s.with_steps(s.steps)) in seen  # equal steps, new object
+    assert state_identity("matmul-64", states[4]) not in seen
+    assert state_identity("matmul-32", states[0].steps) not in seen
+
+
+def test_distill_keeps_best_distinct_states(tmp_path, task, small_task, states):
+    path_a, path_b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "out" / "best.json"
+    write(path_a, task, states, [ok(1e-3 * (8 - i)) for i in range(8)])
+    small = [make_state(small_task, a, b) for a, b in ((2, 2), (4, 4), (8, 8))]
+    write(path_b, small_task, small, [ok(3.0), failed(ErrorNo.WRONG_ANSWER, 1e-9), ok(1.0)])
+    write(path_b, task, [states[7]], [ok(5e-4)])  # same state as the best of a.json, measured again
+
+    assert distill([path_a, path_b], out) == 2
+    lines = out.read_text().splitlines()
+    assert sum('"workload"' in line[:12] for line in lines) == 2
+    best = best_records(load_records(out))
+    assert best["matmul-64"].steps == tuple(states[7].steps) and best["matmul-64"].result.costs[0] == 5e-4
+    assert best["matmul-32"].steps == tuple(small[2].steps)
+
+    assert distill([path_a, path_b], out, top_k=2) == 4  # states[7] counted once, then states[6]
+    kept = load_records(out)
+    assert [r.steps for r in kept if r.workload_key == "matmul-64"] == [tuple(states[7].steps),
+                                                                        tuple(states[6].steps)]
+    distill(out, out)  # in place
+    assert len(load_records(out)) == 2
+    with pytest.raises(ValueError):
+        distill(out, out, top_k=0)
+
+
+def test_writer_appends_without_duplicating_workload_line(tmp_path, task, small_task, states, caplog):
+    path = tmp_path / "append.json"
+    write(path, task, states[:3], [ok(1.0)] * 3)
+    with RecordWriter(path) as writer:
+        writer.write([MeasureInput(task, s) for s in states[3:6]], [ok(2.0)] * 3)
+        writer.write([MeasureInput(small_task, make_state(small_task, 2, 2))], [ok(3.0)])
+    keys = [json.loads(line).get("workload") for line in path.read_text().splitlines()]
+    assert [k for k in keys if k] == ["matmul-64", "matmul-32"]
+    assert len(load_records(path)) == 7
+
+    with open(path, "a") as f:  # a crash mid-write leaves a torn last line
+        f.write('{"i": [["matmul-64"')
+    write(path, task, states[6:7], [ok(4.0)])
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        records = load_records(path)
+    assert len(records) == 8 and records[-1].result.costs[0] == 4.0
+    assert len(warnings_of(caplog)) == 1  # only the torn line is lost
+
+
+def test_writer_checks_arguments_and_close(tmp_path, task, states):
+    writer = RecordWriter(tmp_path / "w.json", fsync=True)
+    with pytest.raises(RecordError, match="w.json"):
+        writer.write([MeasureInput(task, states[0])], [])
+    writer.write([MeasureInput(task, states[0])], [ok(1.0)])
+    writer.close()
+    writer.close()
+    with pytest.raises(RecordError, match="closed"):
+        writer.write([MeasureInput(task, states[0])], [ok(1.0)])
+    (rec,) = load_records(tmp_path / "w.json")
+    assert rec.result.error_no is ErrorNo.NO_ERROR
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(RecordError, match=str(blocker)):
+        RecordWriter(blocker / "log.json")  # parent is a file
+
+
+def test_record_state_is_rebuilt_lazily(tmp_path, task, states):
+    path = tmp_path / "lazy.json"
+    write(path, task, states[:1], [ok(1.0)])
+    (rec,) = load_records(path)
+    assert isinstance(rec, Record) and "state" not in vars(rec)
+    assert rec.state is rec.state and rec.state.key() == states[0].key()
+    tvm.ir.assert_structural_equal(rec.task.func, task.func)
+
+
+def test_bad_workload_line_and_same_key_with_another_program(tmp_path, task, small_task, states, caplog):
+    bad, path_a, path_b = tmp_path / "bad.json", tmp_path / "a.json", tmp_path / "b.json"
+    write(bad, task, states[:1], [ok(1.0)])
+    lines = bad.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["prim_func"] = "{not a graph"
+    bad.write_text(json.dumps(head) + "\n" + lines[1] + "\n")
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        assert load_records(bad) == []
+    messages = warnings_of(caplog)
+    assert len(messages) == 2 and "cannot load prim_func" in messages[0]
+    assert messages[1].endswith("(no usable workload line for 'matmul-64' in this file)")
+
+    caplog.clear()
+    impostor = SearchTask(small_task.func, task.target, workload_key="matmul-64")  # same key, other program
+    write(path_a, task, states[:1], [ok(1.0)])
+    write(path_b, impostor, [make_state(impostor, 2, 2)], [ok(2.0)])
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        first, second = load_records([path_a, path_b])
+    assert first.task is not second.task
+    tvm.ir.assert_structural_equal(second.task.func, small_task.func)
+    (message,) = warnings_of(caplog)
+    assert message.startswith(f"{path_b}:1: workload 'matmul-64' is a different program")
