@@ -53,3 +53,17 @@ def run(task: SearchTask, module: tvm.runtime.Module, arrays: Sequence[np.ndarra
     tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
     module["main"](*tensors)
     return [t.numpy() for t in tensors]
+
+
+def time_module(task: SearchTask, module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
+                repeat: int = 10, min_repeat_ms: int = 200, device: Optional[tvm.runtime.Device] = None) -> float:
+    """Median seconds per run, with the CPU cache flushed before each repeat (inputs cold, as in a network).
+
+    Threads come from ``TVM_NUM_THREADS``, read once when the runtime starts: set it before calling.
+    """
+    dev = device or tvm.cpu()
+    tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
+    flush = "cache_flush_cpu_non_first_arg" if dev.dlpack_device_type() == tvm.cpu().dlpack_device_type() else ""
+    timer = module.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                                  f_preproc=flush)
+    return float(np.median(timer(*tensors).results))
