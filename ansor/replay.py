@@ -43,8 +43,15 @@ P = _Prims()
 _THREAD_AXES = ("vthread", "blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
 
 
-def replay(dag: "ComputeDAG", steps: Sequence[Step], verify: bool = False) -> tvm.s_tir.Schedule:
-    """Build the schedule ``steps`` describe. ``verify`` also checks every loop extent against the State."""
+def replay(dag: "ComputeDAG", steps: Sequence[Step], verify: bool = False,
+           postprocess: bool = True) -> tvm.s_tir.Schedule:
+    """Build the schedule ``steps`` describe. ``verify`` also checks every loop extent against the State.
+
+    ``postprocess`` then hoists each reduction's initialisation out of its reduction loops
+    (``decompose_reduction``): left inside, it is a ``k == 0`` branch in the innermost loop that blocks
+    vectorization and costs a factor of two on matmul. It is not a step: it never changes the loop
+    structure the search sees.
+    """
     sch = tvm.s_tir.Schedule(dag.mod)
     state = State.initial(dag)
     blocks = [P.get_sblock(sch, s.name) for s in state.stages]
@@ -58,7 +65,21 @@ def replay(dag: "ComputeDAG", steps: Sequence[Step], verify: bool = False) -> tv
         state.apply(step)
         if verify:
             _check(sch, state, blocks, step)
+    if postprocess:
+        _decompose_reductions(sch, state, blocks)
     return sch
+
+
+def _decompose_reductions(sch: tvm.s_tir.Schedule, state: State, blocks: list) -> None:
+    for sid, stage in enumerate(state.stages):
+        first_reduce = next((k for k, it in enumerate(stage.iters) if it.kind != "S"), None)
+        if stage.compute_at == "inline" or first_reduce is None:
+            continue
+        loop = _own_loops(sch, state, blocks, sid)[first_reduce]
+        try:
+            P.decompose_reduction(sch, blocks[sid], loop)
+        except Exception:  # TVM refuses some shapes (e.g. under a thread binding); the init then stays
+            continue
 
 
 def _reason(err: Exception) -> str:

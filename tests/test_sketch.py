@@ -133,3 +133,15 @@ def test_evolution_finds_what_the_scorer_likes_and_skips_excluded():
     best = evolutionary_search(task, InnermostJ(), population, 8, excluded, rng)
     assert best[0][0] >= start and best[0][0] == 64  # the innermost tile is capped at 64
     assert all(state.key() not in excluded for _, state in best)
+
+
+def test_vectorize_only_contiguous_loops():
+    """A strided vector access is a gather; fully unrolled it once took LLVM four minutes to compile."""
+    from ansor.sketch.annotation import contiguous
+    state = SearchTask.from_workload("matmul-64").compute_dag.init_state()
+    c = state.stages[0]
+    assert contiguous(c, c.iters[1:2])        # j: last dim of B and C, absent from A
+    assert not contiguous(c, c.iters[0:1])    # i: first dim of A and C
+    state.reorder(0, [0, 2, 1])
+    state.fuse(0, [1, 2])
+    assert not contiguous(state.stages[0], state.stages[0].iters[1:])  # k*j fused: two variables
