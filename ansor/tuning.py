@@ -1,7 +1,7 @@
 """auto_schedule: the tuning loop for one task, in the auto_scheduler vocabulary.
 
-Each round: the policy proposes programs, the measurer builds and times them, every result is appended to
-the log by a callback the moment it arrives, and the cost model retrains. A resumed run first replays the
+Each round: the policy proposes programs, the measurer builds and times them (its callbacks append every
+result to the log the moment it arrives), and the cost model retrains. A resumed run first replays the
 log into the policy and the model, so nothing measured is measured again.
 """
 
@@ -20,10 +20,6 @@ from .search_task import SearchTask
 from .sketch.policy import SearchParams, SketchPolicy
 
 logger = logging.getLogger("ansor")
-
-#: Called after every measured batch with (inputs, results).
-Callback = Callable[[Sequence[MeasureInput], Sequence[MeasureResult]], None]
-
 
 class Measurer(Protocol):
     def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]: ...
@@ -44,7 +40,6 @@ class TuningOptions:
     early_stopping: Optional[int] = None  # stop after this many trials without improvement
     seed: int = 0
     search: SearchParams = field(default_factory=SearchParams)
-    callbacks: list[Callback] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.num_measure_trials <= 0:
@@ -76,7 +71,8 @@ class TuneResult:
 
 def auto_schedule(task: SearchTask, options: TuningOptions, measurer: Measurer, model: CostModel,
                   resume_from: Optional[str] = None,
-                  on_round: Optional[Callable[[RoundReport], None]] = None) -> TuneResult:
+                  on_round: Optional[Callable[[RoundReport], None]] = None,
+                  on_resume: Optional[Callable[[int], None]] = None) -> TuneResult:
     """Tune ``task`` for ``options.num_measure_trials`` trials (resumed ones included)."""
     policy = SketchPolicy(task, model, seed=options.seed, params=options.search)
     best_cost, best_state = float("inf"), None
@@ -93,6 +89,8 @@ def auto_schedule(task: SearchTask, options: TuningOptions, measurer: Measurer, 
                 if res.ok and res.mean_cost < best_cost:
                     best_cost, best_state = res.mean_cost, inp.state
             logger.info("resumed %d records of %s from %s", resumed, task.workload_key, resume_from)
+            if on_resume:
+                on_resume(resumed)
     trials, since_best = resumed, 0
     reports: list[RoundReport] = []
     while trials < options.num_measure_trials:
@@ -109,8 +107,6 @@ def auto_schedule(task: SearchTask, options: TuningOptions, measurer: Measurer, 
         inputs = [MeasureInput(task, s) for s in states]
         results = measurer.measure(inputs)
         t2 = time.perf_counter()
-        for callback in options.callbacks:
-            callback(inputs, results)
         policy.record(inputs, results)
         model.update(inputs, results)
         t3 = time.perf_counter()

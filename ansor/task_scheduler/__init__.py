@@ -1,1 +1,5 @@
-"""task_scheduler (see DESIGN.md)."""
+"""Task scheduling: one trial budget over many tasks (see :mod:`ansor.task_scheduler.task_scheduler`)."""
+
+from .task_scheduler import Allocator, SchedulerRound, TaskState, tune_tasks
+
+__all__ = ["Allocator", "SchedulerRound", "TaskState", "tune_tasks"]

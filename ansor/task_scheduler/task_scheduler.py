@@ -1,0 +1,195 @@
+"""Spend a network's trial budget where end-to-end latency gains most (Ansor's gradient task scheduler).
+
+The objective is the weighted sum of task latencies (weight = how often a subgraph occurs). After one
+warm-up round per task, each round tunes the task whose estimated gradient of the objective with respect
+to its trials is most negative:
+
+    grad_i = w_i * (alpha * backward_i + (1 - alpha) * forward_i)
+
+``backward_i`` is the latency change over the task's last ``backward_window`` rounds; ``forward_i`` is an
+optimistic guess of the next round's change: the smaller of "latency falls like 1/rounds" and "reaches
+``beta`` times the throughput of the best similar task" (same op tag). A task whose best latency has not
+improved for ``early_stopping`` trials stops receiving rounds.
+
+:class:`Allocator` is the pure decision logic (tested on synthetic latency curves);
+:func:`tune_tasks` drives it with real policies, one shared cost model and a measurer.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from ..measure.types import MAX_COST, MeasureInput
+from ..records import load_records
+from ..search_task import SearchTask
+from ..sketch.policy import SearchParams, SketchPolicy
+
+logger = logging.getLogger("ansor")
+
+
+@dataclass
+class TaskState:
+    """What the allocator knows about one task."""
+
+    weight: float
+    flop_ct: float
+    tag: str = ""
+    rounds: int = 0
+    trials: int = 0
+    best_cost: float = MAX_COST
+    history: list[float] = field(default_factory=list)  # best cost after each round
+    trials_at_best: int = 0
+    dead: bool = False
+
+
+class Allocator:
+    """Chooses the next task to tune. ``strategy``: "gradient" (Ansor) or "round-robin"."""
+
+    def __init__(self, tasks: Sequence[TaskState], strategy: str = "gradient", alpha: float = 0.2,
+                 beta: float = 2.0, backward_window: int = 3, early_stopping: Optional[int] = None,
+                 eps: float = 0.0, seed: int = 0):
+        if strategy not in ("gradient", "round-robin"):
+            raise ValueError(f"unknown strategy {strategy!r}; valid: gradient, round-robin")
+        self.tasks = list(tasks)
+        self.strategy = strategy
+        self.alpha, self.beta, self.window = alpha, beta, backward_window
+        self.early_stopping = early_stopping
+        self.eps = eps
+        self.rng = random.Random(seed)
+        self._next_rr = 0
+
+    def objective(self) -> float:
+        return sum(t.weight * t.best_cost for t in self.tasks)
+
+    def record(self, index: int, trials: int, best_cost: float) -> None:
+        """A round of ``trials`` measurements of task ``index`` ended with ``best_cost`` (its best so far)."""
+        t = self.tasks[index]
+        t.rounds += 1
+        t.trials += trials
+        if best_cost < t.best_cost:
+            t.best_cost = best_cost
+            t.trials_at_best = t.trials
+        t.history.append(t.best_cost)
+        if self.early_stopping is not None and t.trials - t.trials_at_best >= self.early_stopping:
+            t.dead = True
+            logger.info("task %d stops: no gain in its last %d trials", index, self.early_stopping)
+
+    def gradients(self) -> list[Optional[float]]:
+        """d(objective)/d(rounds of task i), estimated; None for dead tasks."""
+        out: list[Optional[float]] = []
+        for t in self.tasks:
+            if t.dead:
+                out.append(None)
+                continue
+            if t.rounds == 0:
+                out.append(float("-inf"))
+                continue
+            backward = 0.0
+            if t.rounds > self.window:
+                backward = (t.history[-1] - t.history[-1 - self.window]) / self.window
+            g_next = t.best_cost - t.best_cost / t.rounds
+            similar = [s for s in self.tasks if s.tag and s.tag == t.tag and s.best_cost < MAX_COST]
+            if t.tag and len(similar) > 1:
+                best_flops = max(s.flop_ct / s.best_cost for s in similar)
+                g_next = min(g_next, self.beta * t.flop_ct / best_flops)
+            forward = g_next - t.best_cost
+            out.append(t.weight * (self.alpha * backward + (1 - self.alpha) * forward))
+        return out
+
+    def next_task(self) -> Optional[int]:
+        """The task to tune next, or None when every task has stopped."""
+        alive = [i for i, t in enumerate(self.tasks) if not t.dead]
+        if not alive:
+            return None
+        unvisited = [i for i in alive if self.tasks[i].rounds == 0]
+        if unvisited:
+            return unvisited[0]
+        if self.strategy == "round-robin":
+            for _ in range(len(self.tasks)):
+                i = self._next_rr % len(self.tasks)
+                self._next_rr += 1
+                if not self.tasks[i].dead:
+                    return i
+        if self.eps and self.rng.random() < self.eps:
+            return self.rng.choice(alive)
+        grads = self.gradients()
+        live = [(g, i) for i, g in enumerate(grads) if g is not None]
+        if max(g for g, _ in live) == min(g for g, _ in live):
+            return self.rng.choice([i for _, i in live])
+        return min(live)[1]
+
+
+@dataclass
+class SchedulerRound:
+    """One round, for progress tables: which task, how it stands, and the estimated total latency."""
+
+    task_index: int
+    trials_total: int
+    best_costs: list[float]
+    objective: float
+    seconds: float
+
+
+def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: int, measurer, model,
+               per_round: int = 16, strategy: str = "gradient", early_stopping: Optional[int] = None,
+               seed: int = 0, search: Optional[SearchParams] = None, resume_from: Optional[str] = None,
+               on_round: Optional[Callable[[SchedulerRound], None]] = None) -> Allocator:
+    """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator."""
+    states = [TaskState(float(w), t.flop_ct, tag=_tag(t)) for t, w in zip(tasks, weights)]
+    alloc = Allocator(states, strategy=strategy, early_stopping=early_stopping, seed=seed)
+    policies = [SketchPolicy(t, model, seed=seed + i, params=search) for i, t in enumerate(tasks)]
+    used = 0
+    if resume_from:
+        used = _resume(tasks, policies, alloc, model, resume_from)
+    while used < n_trials:
+        index = alloc.next_task()
+        if index is None:
+            break
+        t0 = time.perf_counter()
+        n = min(per_round, n_trials - used)
+        states_ = policies[index].next_batch(n)
+        if not states_:
+            alloc.tasks[index].dead = True
+            continue
+        inputs = [MeasureInput(tasks[index], s) for s in states_]
+        results = measurer.measure(inputs)
+        policies[index].record(inputs, results)
+        model.update(inputs, results)
+        best = min([r.mean_cost for r in results if r.ok] + [alloc.tasks[index].best_cost])
+        alloc.record(index, len(inputs), best)
+        used += len(inputs)
+        if on_round:
+            on_round(SchedulerRound(index, used, [t.best_cost for t in alloc.tasks], alloc.objective(),
+                                    time.perf_counter() - t0))
+    return alloc
+
+
+def _tag(task: SearchTask) -> str:
+    """Tasks with the same op kind (e.g. every fused conv2d) count as similar for the forward estimate."""
+    name = task.desc.split(" ")[0]
+    return "conv2d" if "conv2d" in name else ("dense" if "matmul" in name or "dense" in name else "")
+
+
+def _resume(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Allocator, model,
+            path: str) -> int:
+    """Replay a log into the policies, the model and the allocator; returns the trials it holds."""
+    by_key: dict[str, list] = {}
+    for record in load_records(path, target=tasks[0].target if tasks else None):
+        by_key.setdefault(record.workload_key, []).append(record)
+    used = 0
+    for i, task in enumerate(tasks):
+        records = by_key.get(task.workload_key, [])
+        if not records:
+            continue
+        inputs = [MeasureInput(task, task.compute_dag.state_from_steps(r.steps)) for r in records]
+        results = [r.result for r in records]
+        policies[i].record(inputs, results)
+        model.update(inputs, results)
+        alloc.record(i, len(records), min([r.mean_cost for r in results if r.ok] + [MAX_COST]))
+        used += len(records)
+    logger.info("resumed %d records from %s", used, path)
+    return used

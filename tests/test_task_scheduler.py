@@ -1,0 +1,73 @@
+"""The gradient task scheduler's decisions, on synthetic latency curves (no measurement needed)."""
+
+import pytest
+
+from ansor.task_scheduler import Allocator, TaskState
+
+
+def simulate(alloc: Allocator, curves, rounds: int, trials_per_round: int = 16) -> list[int]:
+    """Run ``rounds`` rounds; task i's best latency after r of its rounds is ``curves[i](r)``."""
+    picks = []
+    for _ in range(rounds):
+        i = alloc.next_task()
+        if i is None:
+            break
+        picks.append(i)
+        alloc.record(i, trials_per_round, curves[i](alloc.tasks[i].rounds + 1))
+    return picks
+
+
+def test_warm_up_visits_every_task_once_first():
+    alloc = Allocator([TaskState(1, 1e9) for _ in range(4)])
+    assert simulate(alloc, [lambda r: 1.0] * 4, 4) == [0, 1, 2, 3]
+
+
+def test_largest_weighted_gain_gets_the_trials():
+    # Same curves, but task 1 occurs 10 times in the network: its gains count ten times as much.
+    falling = lambda r: 1.0 / r  # noqa: E731
+    alloc = Allocator([TaskState(1, 1e9), TaskState(10, 1e9), TaskState(1, 1e9)])
+    picks = simulate(alloc, [falling] * 3, 20)
+    assert picks.count(1) > picks.count(0) + picks.count(2)
+
+
+def test_task_dominating_the_objective_gets_the_trials():
+    # Equal weights, but task 0 is ten times slower: improving it moves the total most.
+    slow = lambda r: 10.0 / r  # noqa: E731
+    fast = lambda r: 1.0 / r  # noqa: E731
+    alloc = Allocator([TaskState(1, 1e9), TaskState(1, 1e9)])
+    picks = simulate(alloc, [slow, fast], 20)
+    assert picks[2:].count(0) > 2 * picks[2:].count(1)
+
+
+def test_recent_progress_breaks_ties():
+    # Same latency now; task 1 got there by improving over its last rounds (backward gradient).
+    alloc = Allocator([TaskState(1, 1e9), TaskState(1, 1e9)])
+    for cost in (1.0, 1.0, 1.0, 1.0):
+        alloc.record(0, 16, cost)
+    for cost in (1.6, 1.4, 1.2, 1.0):
+        alloc.record(1, 16, cost)
+    grads = alloc.gradients()
+    assert grads[1] < grads[0] and alloc.next_task() == 1
+
+
+def test_flat_task_stops_with_early_stopping():
+    flat = lambda r: 1.0  # noqa: E731
+    alloc = Allocator([TaskState(1, 1e9), TaskState(1, 1e9)], early_stopping=32)
+    picks = simulate(alloc, [flat, flat], 50)
+    assert alloc.tasks[0].dead and alloc.tasks[1].dead
+    assert alloc.next_task() is None
+    assert len(picks) == 6  # one round to set the baseline, two more without gain, for each task
+
+
+def test_round_robin_cycles():
+    alloc = Allocator([TaskState(1, 1e9) for _ in range(3)], strategy="round-robin")
+    assert simulate(alloc, [lambda r: 1.0 / r] * 3, 9) == [0, 1, 2, 0, 1, 2, 0, 1, 2]
+
+
+def test_objective_is_weighted_sum_and_bad_strategy_is_rejected():
+    alloc = Allocator([TaskState(2, 1e9), TaskState(3, 1e9)])
+    alloc.record(0, 16, 0.5)
+    alloc.record(1, 16, 0.25)
+    assert alloc.objective() == pytest.approx(2 * 0.5 + 3 * 0.25)
+    with pytest.raises(ValueError, match="round-robin"):
+        Allocator([], strategy="greedy")
