@@ -67,6 +67,9 @@ class ComputeDAG:
         else:
             raise AnsorError(f"ComputeDAG needs a PrimFunc or a list of te.Tensor, got {type(source).__name__}")
         self.func: tirx.PrimFunc = func
+        # Fused network PrimFuncs carry no global_symbol, and TVM will not build a module without one.
+        if func.attrs is None or "global_symbol" not in func.attrs:
+            func = func.with_attr("global_symbol", "main")
         self.mod = tvm.IRModule({"main": func})
         self.buffer_shapes: dict[str, tuple[int, ...]] = {}
         self.buffer_dtypes: dict[str, str] = {}
@@ -77,7 +80,10 @@ class ComputeDAG:
     # ------------------------------------------------------------------ analysis
     def _analyse(self) -> list[DagStage]:
         sch = tvm.s_tir.Schedule(self.mod)
-        root = sch.get_sblock("root")
+        try:
+            root = sch.get_sblock("root")
+        except Exception as err:  # TVM raises ScheduleError for hand-written loops without blocks
+            raise AnsorError(f"the PrimFunc has no root block to schedule ({type(err).__name__})") from None
         param_names = {p.name for p in self.func.params}
         stages = []
         for rv in sch.get_child_blocks(root):

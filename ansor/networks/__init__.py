@@ -1,1 +1,30 @@
-"""networks (see DESIGN.md)."""
+"""Networks: Relax model definitions, task extraction, apply-best and end-to-end evaluation.
+
+Typical use::
+
+    net = get_network("resnet-50", batch_size=1)
+    ex = extract(net, target)                       # fused module + weighted tasks
+    ... tune ex.tasks (weights: ex.tasks[i].weight) into log.json ...
+    mod = apply_history_best(ex.mod, ex.tasks, "log.json")
+    print(time_network(build(mod, target), net, target=target))
+
+See ``docs/networks.md``.
+"""
+
+from .apply_best import apply_best, apply_history_best, default_func, scheduled_func
+from .default_schedule import default_state, default_tir_schedule
+from .evaluate import (
+    OutputComparison, Timing, build, check_against_default, compare_outputs, run, runtime_threads, time_network,
+)
+from .extract import Extraction, NetworkTask, SkippedFunc, extract, extract_tasks, fuse
+from .network import Network, NetworkError, TensorSpec
+from .onnx_import import load_onnx
+from .registry import describe_network, get_network, network_names
+
+__all__ = [
+    "Extraction", "Network", "NetworkError", "NetworkTask", "OutputComparison", "SkippedFunc", "TensorSpec",
+    "Timing", "apply_best", "apply_history_best", "build", "check_against_default", "compare_outputs",
+    "default_func", "default_state", "default_tir_schedule", "describe_network", "extract", "extract_tasks",
+    "fuse", "get_network", "load_onnx", "network_names", "run", "runtime_threads", "scheduled_func",
+    "time_network",
+]

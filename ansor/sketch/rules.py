@@ -79,6 +79,8 @@ def single_elementwise_consumer(state: State, stage_id: int) -> Optional[int]:
     if len(consumers) != 1:
         return None
     target = consumers[0]
+    if state.producers(target) != [stage_id]:  # another live producer could not follow it under the tile
+        return None
     stage, consumer = state.stages[stage_id], state.stages[target]
     if has_reduce_iter(state, stage_id) and has_reduce_iter(state, target):
         return None

@@ -1,0 +1,194 @@
+"""The schedule a PrimFunc gets when nothing better is known: parallel outer loops, vector inner loops.
+
+TVM compiles an unscheduled PrimFunc as naive single-threaded scalar loops. A network where only some
+tasks were tuned (or none: a quick first build) should still use every core and the vector unit, so every
+untuned PrimFunc gets this cheap, safe schedule instead:
+
+* element-wise stages that are not outputs are inlined into their consumers;
+* a reduction (convolution, matmul, pooling) keeps its innermost contiguous spatial loop (output
+  channels in NHWC) innermost, split to the vector width, below the reduction loops: each reduction step
+  is then one vector multiply-add;
+* outer spatial loops are fused until there is enough parallelism (Ansor's rule: more than 16 per core)
+  and run in parallel; the innermost contiguous spatial loop of every stage is vectorized.
+
+The schedule is an ansor :class:`~ansor.loop_state.State` built from our own steps, so it is printable,
+loggable and replayable like a tuned one. PrimFuncs that :class:`~ansor.compute_dag.ComputeDAG` cannot
+analyse get the same idea applied with ``tvm.s_tir.Schedule`` directly (:func:`default_tir_schedule`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from typing import Callable
+
+import tvm
+
+from ..errors import AnsorError, StepError
+from ..loop_state import ROOT, State
+from ..search_task import SearchTask
+from ..sketch.annotation import annotate_parallel, annotate_vectorize, contiguous
+
+logger = logging.getLogger("ansor")
+
+#: Auto-unroll limit put on reduction stages: unrolls small kernel windows (3x3), not whole reductions.
+UNROLL_STEPS = 16
+#: Output rows (columns of an NHWC image, rows of a matmul) a reduction computes at once from registers.
+REGISTER_ROWS = 8
+
+
+def default_state(task: SearchTask) -> State:
+    """A validated default schedule of ``task`` as a State (weaker variants if TVM rejects the full one).
+
+    Raises
+    ------
+    AnsorError
+        If not even the parallel-only variant replays (:func:`default_tir_schedule` is the way out).
+    """
+    errors = []
+    for variant in (_vector_parallel, _parallel_only):
+        try:
+            state = variant(task)
+            task.compute_dag.replay(state)  # TVM checks every primitive: only legal schedules pass
+            return state
+        except StepError as err:
+            errors.append(f"{variant.__name__.strip('_')}: {err}")
+            logger.debug("default schedule of %s: %s", task.desc, err)
+    raise AnsorError(f"no default schedule fits {task.desc}: {'; '.join(errors)}")
+
+
+def _inline_elementwise(state: State) -> None:
+    for sid, ds in enumerate(state.dag.stages):
+        if ds.strictly_inlineable:
+            try:
+                state.compute_inline(sid)
+            except StepError:
+                continue
+
+
+def _lanes(task: SearchTask, state: State, stage_id: int) -> int:
+    buffer = state.stages[stage_id].block.writes[0].buffer
+    dtype = state.dag.buffer_dtypes.get(buffer, "float32")
+    bits = int("".join(c for c in dtype if c.isdigit()) or 32)
+    return max(1, task.hardware_params.vector_unit_bytes * 8 // bits)
+
+
+def _largest_divisor(extent: int, cap: int) -> int:
+    return max(d for d in range(1, min(extent, cap) + 1) if extent % d == 0)
+
+
+def _register_tile_reduction(task: SearchTask, state: State, stage_id: int) -> None:
+    """Move a small spatial tile below the reduction loops: ``S... R... s v`` (``v`` vector lanes).
+
+    ``v`` is a vector-width piece of the innermost contiguous spatial loop (output channels in NHWC) and
+    ``s`` a piece of the next spatial loop (output columns), so every reduction step loads one vector of
+    the operand that ``v`` walks (weights) and reuses it ``s`` times from registers.
+    """
+    stage = state.stages[stage_id]
+    if not any(it.kind == "R" for it in stage.iters):
+        return
+    vector = [k for k, it in enumerate(stage.iters)
+              if it.kind == "S" and (it.extent or 1) > 1 and contiguous(stage, (it,))]
+    if not vector:
+        return
+    pos = vector[-1]
+    factor = _largest_divisor(stage.iters[pos].extent or 1, _lanes(task, state, stage_id))
+    if factor == 1:
+        return
+    others = [k for k in range(pos) if stage.iters[k].kind == "S" and (stage.iters[k].extent or 1) > 1]
+    inner = []  # iterator ids, after the splits below, of the pieces that go innermost
+    if others:
+        row = others[-1]
+        rows = _largest_divisor(stage.iters[row].extent or 1, REGISTER_ROWS)
+        if rows > 1:
+            state.split(stage_id, row, [rows])
+            pos += 1
+            inner.append(row + 1)
+    state.split(stage_id, pos, [factor])
+    inner.append(pos + 1)
+    n = len(state.stages[stage_id].iters)
+    state.reorder(stage_id, [k for k in range(n) if k not in inner] + inner)
+    if len(inner) == 2:
+        state.annotate(stage_id, n - 2, "unroll")
+
+
+def _unroll_reductions(state: State) -> None:
+    for sid, stage in enumerate(state.stages):
+        if stage.compute_at == ROOT and any(it.kind == "R" for it in stage.iters):
+            state.pragma(sid, 0, f"auto_unroll_max_step${UNROLL_STEPS}")
+
+
+def _vector_parallel(task: SearchTask) -> State:
+    state = task.compute_dag.init_state()
+    _inline_elementwise(state)
+    for sid, stage in enumerate(state.stages):
+        if stage.compute_at == ROOT:
+            _register_tile_reduction(task, state, sid)
+    annotate_parallel(state, task)
+    _unroll_reductions(state)
+    annotate_vectorize(state, random.Random(0))  # the generator only picks among equally legal fusions
+    return state
+
+
+def _parallel_only(task: SearchTask) -> State:
+    state = task.compute_dag.init_state()
+    _inline_elementwise(state)
+    annotate_parallel(state, task)
+    return state
+
+
+# ---------------------------------------------------------------------------------------------- raw TIR
+def default_tir_schedule(func: tvm.tirx.PrimFunc, num_cores: int) -> tvm.tirx.PrimFunc:
+    """Parallel + vectorize with ``s_tir.Schedule`` directly, for PrimFuncs ComputeDAG cannot analyse.
+
+    Each root-level block gets its leading loops fused and parallel (stopping at the first one TVM refuses
+    to parallelise, e.g. a reduction) and its innermost loop vectorized if TVM accepts it. Every primitive
+    is tried on a copy first, so a refusal leaves the program as it was.
+    """
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    try:
+        root = sch.get_sblock("root")
+    except tvm.s_tir.ScheduleError:  # hand-written (ir_builder) code, e.g. TOPI's scatter: keep it as is
+        return func
+    limit = 16 * num_cores
+    for block in sch.get_child_blocks(root):
+        _try(sch, lambda s, b=block: _parallel_leading(s, b, limit))
+        _try(sch, lambda s, b=block: s.vectorize(s.get_loops(b)[-1]))
+    return sch.mod["main"]
+
+
+def _parallel_leading(sch: tvm.s_tir.Schedule, block, limit: int) -> None:
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    extents = [_const_extent(sch.get(l).extent, limit + 1) for l in loops]
+    n = 1
+    while n < len(loops) - 1 and math.prod(extents[:n]) <= limit:
+        n += 1
+    for k in range(n, 0, -1):  # the widest prefix TVM accepts as one parallel loop
+        trial = sch.copy()
+        try:
+            fused = trial.fuse(*trial.get_loops(block)[:k]) if k > 1 else trial.get_loops(block)[0]
+            trial.parallel(fused)
+        except Exception:  # TVM refuses loops that carry a reduction or that other blocks share
+            continue
+        fused = sch.fuse(*loops[:k]) if k > 1 else loops[0]
+        sch.parallel(fused)
+        return
+
+
+def _const_extent(extent, default: int) -> int:
+    try:
+        return int(extent)
+    except TypeError:  # a symbolic extent: treat it as plenty of parallelism
+        return default
+
+
+def _try(sch: tvm.s_tir.Schedule, primitive: Callable[[tvm.s_tir.Schedule], None]) -> None:
+    trial = sch.copy()
+    try:
+        primitive(trial)
+    except Exception:  # an illegal primitive: keep the schedule without it
+        return
+    primitive(sch)

@@ -1,0 +1,181 @@
+"""Build a network module, run it on seeded inputs, time it, and compare two builds' outputs.
+
+Threads: TVM's CPU runtime picks its thread count once, when its pool starts, from ``TVM_NUM_THREADS``
+(default: half the logical CPUs, i.e. one thread on a 2-vCPU machine). Set it to the core count in the
+environment before the first TVM kernel runs in the process; :func:`time_network` reports the count the
+runtime actually uses, so a wrong setting shows in every result.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..target import is_gpu, parse_target
+from .apply_best import apply_best
+from .extract import Extraction
+from .network import Network, NetworkError, short_reason
+
+logger = logging.getLogger("ansor")
+
+TargetLike = Union[str, dict, tvm.target.Target, None]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """End-to-end latency of one network build, in milliseconds."""
+
+    mean_ms: float
+    median_ms: float
+    max_ms: float
+    min_ms: float
+    std_ms: float
+    num_threads: int
+    repeats: int
+
+    def __str__(self) -> str:
+        return (f"Mean inference time (std dev): {self.mean_ms:.3f} ms ({self.std_ms:.3f} ms)  "
+                f"median {self.median_ms:.3f}  min {self.min_ms:.3f}  max {self.max_ms:.3f}  "
+                f"[{self.repeats} repeats, {self.num_threads} threads]")
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """How far one build's outputs are from a reference build's, on the same inputs.
+
+    ``ok`` when every element differs by at most ``atol + rtol * scale``, where ``scale`` is the largest
+    magnitude of the reference output: reductions reordered by a schedule round differently, and a
+    relative test per element would fail on values that happen to be near zero.
+    """
+
+    max_abs_error: float
+    scale: float
+    rtol: float
+    atol: float
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_error <= self.atol + self.rtol * self.scale
+
+
+def runtime_threads() -> int:
+    """Threads the TVM CPU runtime of this process uses (fixed when its pool first starts)."""
+    return int(tvm.get_global_func("runtime.NumThreads")())
+
+
+def lowering_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
+    """Relax passes that turn a fused, scheduled module into VM code without legalizing or fusing again.
+
+    TVM's default pipeline would run ``FuseOps``/``FuseTIR`` a second time and merge our scheduled
+    PrimFuncs with their neighbours, undoing the schedules; we only lower what is already there.
+    """
+    if is_gpu(target):
+        from tvm.relax.backend.gpu_generic import pipeline
+    else:
+        from tvm.relax.backend.cpu_generic import pipeline
+    passes = pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="AnsorLowerFused")
+    def _lower(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _lower
+
+
+def build(mod: tvm.IRModule, target: TargetLike = None, fused: bool = True) -> tvm.runtime.Executable:
+    """Compile a network module for ``target``.
+
+    ``fused=True``: ``mod`` comes from :func:`~ansor.networks.extract.extract` / :func:`apply_best` and is
+    only lowered. ``fused=False``: ``mod`` is a raw network module, built with TVM's default pipeline
+    (legalize, fuse, no schedules: TVM's untuned build).
+    """
+    target = parse_target(target)
+    try:
+        if fused:
+            return tvm.compile(mod, target=target, relax_pipeline=lowering_pipeline(target))
+        return tvm.compile(mod, target=target)
+    except Exception as err:  # TVM reports codegen failures with the whole IR around them
+        raise NetworkError(f"building the network failed: {short_reason(err)}") from None
+
+
+def _device(target: TargetLike) -> tvm.runtime.Device:
+    target = parse_target(target)
+    return tvm.cpu() if target.kind.name in ("llvm", "c") else tvm.device(target.kind.name, 0)
+
+
+def _vm_args(network: Network, inputs: Optional[Sequence[np.ndarray]], dev) -> list:
+    arrays = list(inputs) if inputs is not None else network.random_inputs()
+    if len(arrays) != len(network.inputs):
+        raise NetworkError(f"network {network.name} takes {len(network.inputs)} inputs, got {len(arrays)}")
+    return [tvm.runtime.tensor(a, dev) for a in (*arrays, *network.weight_arrays())]
+
+
+def _to_numpy(value) -> list[np.ndarray]:
+    if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
+        return [a for v in value for a in _to_numpy(v)]
+    return [value.numpy()]
+
+
+def run(executable: tvm.runtime.Executable, network: Network, inputs: Optional[Sequence[np.ndarray]] = None,
+        target: TargetLike = None) -> list[np.ndarray]:
+    """Run a built network once; returns its outputs (a tuple output is flattened)."""
+    dev = _device(target)
+    vm = relax.VirtualMachine(executable, dev)
+    return _to_numpy(vm[network.entry](*_vm_args(network, inputs, dev)))
+
+
+def time_network(executable: tvm.runtime.Executable, network: Network, inputs: Optional[Sequence[np.ndarray]] = None,
+                 target: TargetLike = None, repeat: int = 10, min_repeat_ms: int = 200) -> Timing:
+    """Time a built network with ``time_evaluator`` on seeded inputs (weights already on the device).
+
+    Each repeat runs the network as often as fits in ``min_repeat_ms`` and reports the average; the
+    statistics are over the repeats. Warns if the runtime's thread count differs from the target's cores.
+    """
+    target = parse_target(target)
+    dev = _device(target)
+    vm = relax.VirtualMachine(executable, dev)
+    args = _vm_args(network, inputs, dev)
+    timer = vm.time_evaluator(network.entry, dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    ms = np.asarray(timer(*args).results) * 1e3
+    timing = Timing(float(ms.mean()), float(np.median(ms)), float(ms.max()), float(ms.min()), float(ms.std()),
+                    runtime_threads(), len(ms))
+    cores = target.attrs.get("num-cores")
+    if cores is not None and not is_gpu(target) and int(cores) != timing.num_threads:
+        logger.warning("%s was timed with %d TVM threads but the target has %d cores: set TVM_NUM_THREADS=%d "
+                       "before the process starts TVM", network.name, timing.num_threads, int(cores), int(cores))
+    logger.info("%s: %s", network.name, timing)
+    return timing
+
+
+def compare_outputs(network: Network, executable: tvm.runtime.Executable, reference: tvm.runtime.Executable,
+                    target: TargetLike = None, seed: int = 0, rtol: float = 1e-4,
+                    atol: float = 1e-5) -> OutputComparison:
+    """Run two builds of ``network`` on the same seeded inputs and measure how far their outputs differ."""
+    inputs = network.random_inputs(seed)
+    got = run(executable, network, inputs, target)
+    want = run(reference, network, inputs, target)
+    if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
+        raise NetworkError(f"network {network.name}: the two builds return differently shaped outputs "
+                           f"({[g.shape for g in got]} vs {[w.shape for w in want]})")
+    error = max(float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))) for g, w in zip(got, want))
+    scale = max(float(np.max(np.abs(w))) for w in want)
+    if not np.isfinite(scale):
+        raise NetworkError(f"network {network.name}: the reference output is not finite")
+    return OutputComparison(error, scale, rtol, atol)
+
+
+def check_against_default(network: Network, extraction: Extraction, tuned: tvm.IRModule, target: TargetLike = None,
+                          seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5) -> OutputComparison:
+    """Compare a tuned module's outputs with the default-scheduled build of the same extraction.
+
+    Apply-best must never change results: only loop structure differs between the two, so any difference
+    beyond rounding is a bug in a schedule.
+    """
+    default = apply_best(extraction.mod, extraction.tasks, {}, target=target)
+    return compare_outputs(network, build(tuned, target), build(default, target), target, seed, rtol, atol)

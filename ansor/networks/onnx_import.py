@@ -1,0 +1,104 @@
+"""Load an ONNX model as a :class:`Network` through ``tvm.relax.frontend.onnx``.
+
+The ``onnx`` package is an optional extra (``pip install ansor[onnx]``); it is imported only here and
+only when a model is loaded. Weights stay out of the Relax module (``keep_params_in_input``), as for the
+built-in networks, so the module stays small and its PrimFuncs do not depend on weight values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .network import Network, NetworkError, TensorSpec, short_reason
+
+logger = logging.getLogger("ansor")
+
+
+
+def _import_onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise NetworkError("loading ONNX models needs the onnx package: pip install 'ansor[onnx]'") from None
+    return onnx
+
+
+def _input_specs(onnx, model, path: Path, shapes: Mapping[str, Sequence[int]]) -> list[TensorSpec]:
+    """The graph inputs that are not initializers, with static shapes (symbolic dims: override or 1)."""
+    initializers = {init.name for init in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        dtype = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+        if value.name in shapes:
+            shape = tuple(int(d) for d in shapes[value.name])
+        else:
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+            if any(d is None for d in dims):
+                logger.info("%s: input %s has symbolic dimensions %s; using 1 (pass shapes= to choose)",
+                            path, value.name, dims)
+            shape = tuple(1 if d is None else int(d) for d in dims)
+        specs.append(TensorSpec(value.name, shape, dtype))
+    unknown = set(shapes) - {s.name for s in specs}
+    if unknown:
+        raise NetworkError(f"{path}: no input named {', '.join(sorted(unknown))}; "
+                           f"inputs: {', '.join(s.name for s in specs)}")
+    return specs
+
+
+def load_onnx(path: Union[str, os.PathLike], shapes: Optional[Mapping[str, Sequence[int]]] = None,
+              name: Optional[str] = None) -> Network:
+    """Load the ONNX model at ``path`` as a network.
+
+    Parameters
+    ----------
+    path
+        An ``.onnx`` file.
+    shapes
+        Input name -> static shape, overriding the file's (needed for a symbolic batch size other than 1).
+    name
+        The network's name; default: the file name without its suffix.
+
+    Raises
+    ------
+    NetworkError
+        One line naming the file: missing, unreadable, not a valid ONNX model, or not convertible.
+    """
+    path = Path(path)
+    onnx = _import_onnx()
+    if not path.is_file():
+        raise NetworkError(f"{path}: no such ONNX file")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as err:  # protobuf DecodeError, ValidationError, OSError ...
+        raise NetworkError(f"{path}: not a valid ONNX model ({short_reason(err)})") from None
+    inputs = _input_specs(onnx, model, path, dict(shapes or {}))
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        mod = from_onnx(model, shape_dict={s.name: list(s.shape) for s in inputs},
+                        dtype_dict={s.name: s.dtype for s in inputs}, keep_params_in_input=True)
+        mod, detached = relax.frontend.detach_params(mod)
+    except Exception as err:  # unsupported operators and the like
+        raise NetworkError(f"{path}: cannot convert the ONNX model to Relax ({short_reason(err)})") from None
+    func = mod["main"]
+    weight_vars = list(func.params)[len(inputs):]
+    values = [t.numpy() for t in detached.get("main", [])]
+    if len(values) != len(weight_vars):
+        raise NetworkError(f"{path}: the converted model has {len(weight_vars)} weight arguments "
+                           f"but {len(values)} weight values")
+    weights = tuple(TensorSpec(v.name, tuple(a.shape), str(a.dtype)) for v, a in zip(weight_vars, values))
+    params = {w.name: a for w, a in zip(weights, values)}
+    batch = inputs[0].shape[0] if inputs and inputs[0].shape else 1
+    logger.info("%s: %d inputs, %d weights", path, len(inputs), len(weights))
+    return Network(name=name or path.stem, mod=mod, inputs=tuple(inputs), weights=weights, batch_size=batch,
+                   layout="", entry="main", param_factory=lambda: params)

@@ -1,0 +1,332 @@
+"""Networks: definitions, task extraction, apply-best, default schedules, end-to-end builds, ONNX import.
+
+The big networks are built and their tasks extracted (cheap); only the tiny CNN, MobileNet-V2 at batch 1,
+a small ONNX model and a module of PrimFuncs ComputeDAG rejects are compiled and run. Timing runs in a
+subprocess so ``TVM_NUM_THREADS`` is set before that process's TVM runtime starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from ansor.errors import AnsorError, RecordError
+from ansor.measure.types import MeasureResult
+from ansor.networks import (
+    Network, NetworkError, TensorSpec, apply_best, apply_history_best, build, check_against_default,
+    compare_outputs, extract, extract_tasks, get_network, load_onnx, network_names, scheduled_func,
+)
+from ansor.records import RecordWriter
+from ansor.sketch.annotation import sample_initial_population
+from ansor.sketch.rules import generate_sketches
+from ansor.target import physical_cores
+
+TARGET = {"kind": "llvm", "num-cores": 2}
+
+#: (tasks, weighted task occurrences, skipped PrimFuncs) at batch size 1; see docs/networks.md.
+EXPECTED = {
+    "resnet-50": (31, 56, 1),
+    "mobilenet-v2": (32, 54, 1),
+    "resnet3d-18": (21, 23, 1),
+    "bert": (9, 110, 7),
+    "dcgan": (5, 5, 1),
+    "tiny-cnn": (5, 5, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def extractions():
+    """Every registered network at batch 1, extracted once for the module (about 3 s in all)."""
+    return {name: (get_network(name, 1), extract(get_network(name, 1), TARGET)) for name in network_names()}
+
+
+def _parallel_and_vector(func: tvm.tirx.PrimFunc) -> tuple[bool, bool]:
+    text = func.script()
+    return "T.parallel(" in text, "T.vectorized(" in text
+
+
+# ---------------------------------------------------------------------------------------------- registry
+def test_registry_lists_ansor_networks():
+    assert set(EXPECTED) == set(network_names())
+
+
+def test_unknown_network_lists_valid_names():
+    with pytest.raises(NetworkError) as info:
+        get_network("resnet-51", 1)
+    message = str(info.value)
+    assert isinstance(info.value, AnsorError) and "\n" not in message
+    assert "resnet-51" in message and all(name in message for name in network_names())
+
+
+def test_bad_batch_size():
+    with pytest.raises(NetworkError, match="batch size"):
+        get_network("tiny-cnn", 0)
+
+
+def test_weights_are_seeded_and_match_the_module():
+    a, b = get_network("tiny-cnn", 1), get_network("tiny-cnn", 1)
+    func = a.mod[a.entry]
+    assert len(func.params) == len(a.inputs) + len(a.weights)
+    for spec in a.weights:
+        value = a.params[spec.name]
+        assert value.shape == spec.shape and str(value.dtype) == spec.dtype
+        np.testing.assert_array_equal(value, b.params[spec.name])
+    assert np.all(np.isfinite(a.weight_arrays()[0]))
+
+
+# ---------------------------------------------------------------------------------------------- extraction
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_network_extracts_expected_tasks(extractions, name):
+    net, ex = extractions[name]
+    n_tasks, n_weighted, n_skipped = EXPECTED[name]
+    assert (len(ex.tasks), ex.total_weight, len(ex.skipped)) == (n_tasks, n_weighted, n_skipped), ex.summary()
+    keys = [t.workload_key for t in ex.tasks]
+    assert len(set(keys)) == len(keys)
+    assert len({t.name for t in ex.tasks}) == len(ex.tasks)
+    module_funcs = {gv.name_hint for gv, f in ex.mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    for t in ex.tasks:
+        assert t.weight >= 1 and t.task.flop_ct > 0 and set(t.global_vars) <= module_funcs
+        assert t.task.desc == t.name and "[" in t.name
+    assert net.inputs[0].shape[0] == 1
+
+
+def test_task_names_and_weights_resnet50(extractions):
+    _, ex = extractions["resnet-50"]
+    by_name = {t.name: t for t in ex.tasks}
+    conv = by_name["fused_conv2d_add_relu [1,56,56,64]x[3,3,64,64]"]
+    assert conv.weight == 3  # one 3x3 convolution per block of the first stage
+    assert conv.task.flop_ct == pytest.approx(2 * 56 * 56 * 64 * 3 * 3 * 64, rel=0.01)
+    assert sum(t.weight for t in ex.tasks if "conv2d" in t.name) == 53
+
+
+def test_bert_copies_are_skipped_not_tasks(extractions):
+    _, ex = extractions["bert"]
+    reasons = {s.name.split(" ")[0]: s.reason for s in ex.skipped}
+    assert "floating-point" in reasons["take"] and "reshape" in reasons["reshape"]
+    assert {t.name.split(" ")[0] for t in ex.tasks} >= {"fused_matmul_add_gelu", "softmax", "layer_norm"}
+
+
+@pytest.mark.parametrize("name", ["resnet-50", "bert"])
+def test_batch_16_extracts_the_same_structure(extractions, name):
+    tasks = extract_tasks(get_network(name, 16), TARGET)
+    n_tasks, n_weighted, _ = EXPECTED[name]
+    assert (len(tasks), sum(t.weight for t in tasks)) == (n_tasks, n_weighted)
+    batch_dim = "[16," if name == "resnet-50" else "[2048,"  # BERT's dense layers see batch * 128 tokens
+    assert any(batch_dim in t.name for t in tasks)
+
+
+# ---------------------------------------------------------------------------------------------- apply-best
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_default_schedule_is_parallel_and_vectorized(extractions, name):
+    _, ex = extractions[name]
+    mod = apply_best(ex.mod, ex.tasks, {}, target=TARGET)
+    for t in ex.tasks:
+        for gv in t.global_vars:
+            assert _parallel_and_vector(mod[gv]) == (True, True), f"{t.name}\n{mod[gv].script()}"
+            assert dict(mod[gv].attrs)["tirx.noalias"] and "global_symbol" not in mod[gv].attrs
+    for s in ex.skipped:
+        if "reshape" in s.reason:  # left alone, so the VM can make the reshape a view
+            assert mod[s.global_vars[0]].same_as(ex.mod[s.global_vars[0]])
+        else:
+            assert _parallel_and_vector(mod[s.global_vars[0]])[0], s.name
+
+
+def test_tuned_tiny_cnn_matches_default_build(extractions):
+    net, ex = extractions["tiny-cnn"]
+    for seed in range(2):
+        rng = random.Random(seed)
+        schedules = {}
+        for t in ex.tasks:
+            states = sample_initial_population(t.task, generate_sketches(t.task), 3, rng)
+            assert states, t.name
+            schedules[t.workload_key] = states[-1]
+        tuned = apply_best(ex.mod, ex.tasks, schedules, target=TARGET)
+        for t in ex.tasks:
+            want = scheduled_func(t.task, schedules[t.workload_key])
+            assert tvm_ffi.structural_equal(tuned[t.global_vars[0]].body, want.body)
+        comparison = check_against_default(net, ex, tuned, TARGET)
+        assert comparison.ok, comparison
+
+
+def test_mobilenet_default_build_matches_untuned_build(extractions):
+    net, ex = extractions["mobilenet-v2"]
+    default = build(apply_best(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
+    untuned = build(net.mod, TARGET, fused=False)
+    comparison = compare_outputs(net, default, untuned, TARGET)
+    assert comparison.ok and comparison.scale > 0, comparison
+
+
+def test_apply_best_rejects_tasks_of_another_module(extractions):
+    _, ex = extractions["tiny-cnn"]
+    other = extract(get_network("tiny-cnn", 2), TARGET)
+    with pytest.raises(NetworkError, match="differs"):
+        apply_best(ex.mod, other.tasks, {})
+
+
+def test_apply_history_best_takes_the_fastest_record(extractions, tmp_path):
+    net, ex = extractions["tiny-cnn"]
+    log = tmp_path / "tiny.json"
+    chosen = {}
+    with RecordWriter(log) as writer:
+        for t in ex.tasks[:2]:
+            states = sample_initial_population(t.task, generate_sketches(t.task), 2, random.Random(1))
+            for cost, state in zip((2e-3, 1e-3), states):
+                writer.write_record(t.task, state.steps, MeasureResult((cost,), 0))
+            chosen[t.workload_key] = states[-1]
+    mod = apply_history_best(ex.mod, ex.tasks, log, target=TARGET)
+    for t in ex.tasks[:2]:
+        want = scheduled_func(t.task, chosen[t.workload_key])
+        assert tvm_ffi.structural_equal(mod[t.global_vars[0]].body, want.body)
+    assert _parallel_and_vector(mod[ex.tasks[2].global_vars[0]]) == (True, True)  # not in the log: default
+    assert check_against_default(net, ex, mod, TARGET).ok
+    with pytest.raises(RecordError):
+        apply_history_best(ex.mod, ex.tasks, tmp_path / "missing.json")
+
+
+def _rejected_network() -> Network:
+    """group_norm and argmax (multi-store reduction blocks) and scatter (no root block): ComputeDAG rejects."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    idx = relax.Var("idx", relax.TensorType((4, 2), "int64"))
+    gamma = relax.Var("gamma", relax.TensorType((16,), "float32"))
+    beta = relax.Var("beta", relax.TensorType((16,), "float32"))
+    with bb.function("main", [x, idx, gamma, beta], attrs={"num_input": 2}):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.group_norm(x, gamma, beta, 4, 1, [2, 3]))
+            top = bb.emit(relax.op.argmax(relax.op.reshape(y, (16, 64)), axis=1))
+            scattered = bb.emit(relax.op.scatter_elements(relax.op.reshape(y, (4, 256)), idx,
+                                                          relax.op.zeros((4, 2), "float32"), axis=1))
+            out = bb.emit_output(relax.Tuple([top, scattered]))
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(0)
+    weights = {"gamma": rng.uniform(0.5, 1.5, 16).astype("float32"), "beta": rng.normal(size=16).astype("float32")}
+    return Network("rejected-ops", bb.get(), (TensorSpec("x", (1, 16, 8, 8), "float32"),
+                                              TensorSpec("idx", (4, 2), "int64")),
+                   (TensorSpec("gamma", (16,), "float32"), TensorSpec("beta", (16,), "float32")), 1, "NCHW",
+                   param_factory=lambda: weights)
+
+
+def test_primfuncs_compute_dag_rejects_get_a_tir_default():
+    net = _rejected_network()
+    ex = extract(net, TARGET)
+    reasons = {s.name.split(" ")[0]: s.reason for s in ex.skipped}
+    assert not ex.tasks
+    assert "single-store" in reasons["group_norm"] and "single-store" in reasons["argmax"]
+    assert "root" in reasons["scatter_elements"]
+    mod = apply_best(ex.mod, ex.tasks, {}, target=TARGET)
+    for s in ex.skipped:
+        if "reshape" not in s.reason:
+            assert _parallel_and_vector(mod[s.global_vars[0]])[0], s.name
+    comparison = compare_outputs(net, build(mod, TARGET), build(net.mod, TARGET, fused=False), TARGET)
+    assert comparison.ok, comparison
+
+
+@pytest.mark.skipif(tvm.get_global_func("target.build.cuda", allow_missing=True) is None,
+                    reason="this TVM build has no CUDA code generator")
+def test_cuda_default_build_compiles():
+    """No GPU is needed to compile: untuned PrimFuncs get dlight's GPU rules (threads bound) and build."""
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})
+    ex = extract(get_network("tiny-cnn", 1), target)
+    mod = apply_best(ex.mod, ex.tasks, {}, target=target)
+    assert all("blockIdx" in mod[t.global_vars[0]].script() for t in ex.tasks)
+    build(mod, target)
+
+
+# ---------------------------------------------------------------------------------------------- timing
+_TIMING_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from ansor.networks import apply_best, build, extract, get_network, time_network
+    target = {"kind": "llvm", "num-cores": int(sys.argv[1])}
+    net = get_network("tiny-cnn", 1)
+    ex = extract(net, target)
+    default = time_network(build(apply_best(ex.mod, ex.tasks, {}, target=target), target), net, target=target,
+                           repeat=5, min_repeat_ms=50)
+    untuned = time_network(build(net.mod, target, fused=False), net, target=target, repeat=5, min_repeat_ms=50)
+    print(json.dumps({"default": default.__dict__, "untuned": untuned.__dict__}))
+""")
+
+
+def test_default_build_is_faster_than_untuned_build():
+    cores = physical_cores()
+    env = {**os.environ, "TVM_NUM_THREADS": str(cores)}
+    proc = subprocess.run([sys.executable, "-c", _TIMING_SCRIPT, str(cores)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    default, untuned = result["default"], result["untuned"]
+    print(f"tiny-cnn b1, {cores} threads: default {default['median_ms']:.3f} ms, "
+          f"untuned {untuned['median_ms']:.3f} ms")
+    assert default["num_threads"] == untuned["num_threads"] == cores
+    assert set(default) >= {"mean_ms", "median_ms", "max_ms", "min_ms", "std_ms"}
+    assert default["min_ms"] <= default["median_ms"] <= default["max_ms"]
+    assert default["median_ms"] < untuned["median_ms"]
+
+
+# ---------------------------------------------------------------------------------------------- ONNX
+def _tiny_onnx(path) -> None:
+    onnx = pytest.importorskip("onnx", reason="the onnx package is not installed (pip install 'ansor[onnx]')")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "B"),
+             numpy_helper.from_array((rng.standard_normal((512, 10)) * 0.05).astype(np.float32), "FW"),
+             numpy_helper.from_array(np.zeros(10, np.float32), "FB")]
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "FW", "FB"], ["y"])]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def test_onnx_model_imports_extracts_and_runs(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    _tiny_onnx(path)
+    net = load_onnx(path, shapes={"x": (2, 3, 16, 16)})
+    assert net.name == "tiny" and net.batch_size == 2
+    assert net.inputs == (TensorSpec("x", (2, 3, 16, 16), "float32"),)
+    assert [w.name for w in net.weights] == ["W", "B", "FW", "FB"]
+    ex = extract(net, TARGET)
+    assert sorted(t.name for t in ex.tasks) == ["fused_conv2d_add_relu [2,3,16,16]x[8,3,3,3]",
+                                               "fused_matmul_add [2,512]x[512,10]", "max_pool2d [2,8,16,16]"]
+    mod = apply_best(ex.mod, ex.tasks, {}, target=TARGET)
+    comparison = compare_outputs(net, build(mod, TARGET), build(net.mod, TARGET, fused=False), TARGET)
+    assert comparison.ok, comparison
+    assert load_onnx(path).inputs[0].shape == (1, 3, 16, 16)  # symbolic batch: 1 unless overridden
+
+
+def test_onnx_missing_or_invalid_file_is_one_line(tmp_path):
+    pytest.importorskip("onnx", reason="the onnx package is not installed (pip install 'ansor[onnx]')")
+    missing = tmp_path / "missing.onnx"
+    invalid = tmp_path / "invalid.onnx"
+    invalid.write_bytes(b"\x08\x07this is not a protobuf model\xff\xff")
+    for path, words in ((missing, "no such"), (invalid, "not a valid ONNX model")):
+        with pytest.raises(NetworkError) as info:
+            load_onnx(path)
+        assert "\n" not in str(info.value) and str(path) in str(info.value) and words in str(info.value)
+
+
+def test_onnx_unknown_input_override(tmp_path):
+    path = tmp_path / "tiny.onnx"
+    _tiny_onnx(path)
+    with pytest.raises(NetworkError, match="no input named y"):
+        load_onnx(path, shapes={"y": (1, 10)})
+
+
+def test_onnx_package_missing_is_a_network_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnx", None)  # makes ``import onnx`` fail
+    with pytest.raises(NetworkError, match="pip install"):
+        load_onnx(tmp_path / "model.onnx")
