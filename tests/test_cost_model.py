@@ -1,0 +1,327 @@
+"""Cost models on real TVM features: extraction, pack-sum, learning a known cost, files, logs, the script.
+
+The learning test uses a synthetic log: matmul-128 programs tiled i by ``a`` and j by ``b`` whose "measured"
+cost is a smooth known function of (a, b) (the unroll pragma varies too and must be ignored), so the
+expected ranking is known exactly and no timing noise enters the test.
+"""
+
+import importlib.util
+import logging
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xgboost as xgb
+
+from ansor.cost_model import (CostModelError, FeatureExtractor, RandomModel, XGBModel, XGBParams,
+                              load_model)
+from ansor.cost_model.dataset import TrainingSet
+from ansor.cost_model.features import NUM_FEATURES
+from ansor.cost_model.metrics import pairwise_accuracy, spearman_by_group, top_k_recall
+from ansor.cost_model.objective import Packs, PackSumPairwise, PackSumSquaredError
+from ansor.cost_model.training import (evaluate, load_training_records, split_by_program,
+                                       train_from_logs)
+from ansor.errors import RecordError
+from ansor.measure.types import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.records import RecordWriter
+from ansor.search_task import SearchTask
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "train_cost_model.py"
+SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
+UNROLL = [0, 16, 64, 512]
+
+
+def tiled(task: SearchTask, a: int, b: int, unroll: int, cache_write: bool = False):
+    """i -> (128/a, a), j -> (128/b, b); loops i0 j0 k i1 j1, j1 vectorized, an unroll pragma on i0."""
+    s = task.compute_dag.init_state()
+    if cache_write:
+        s.cache_write(0, "local")
+    s.split(0, 0, [a])
+    s.split(0, 2, [b])
+    s.reorder(0, [0, 2, 4, 1, 3])
+    s.annotate(0, 4, "vectorize")
+    s.pragma(0, 0, f"auto_unroll_max_step${unroll}")
+    return s
+
+
+def known_cost(a: int, b: int) -> float:
+    """Smooth, with its optimum at a = 8, b = 32 and an interaction term (seconds, made up)."""
+    x, y = math.log2(a), math.log2(b)
+    return 1e-3 * (1.0 + 0.5 * (x - 3) ** 2 + 0.3 * (y - 5) ** 2 + 0.1 * (x - 3) * (y - 5))
+
+
+def ok(cost: float) -> MeasureResult:
+    return MeasureResult((cost,), ErrorNo.NO_ERROR)
+
+
+FAILED = MeasureResult((MAX_COST,), ErrorNo.COMPILE_HOST, "synthetic failure")
+
+
+@pytest.fixture(scope="module")
+def task():
+    return SearchTask.from_workload("matmul-128")
+
+
+@pytest.fixture(scope="module")
+def synthetic(task):
+    """Every (a, b, unroll) program with its known cost: 256 (input, result) pairs."""
+    inputs, results = [], []
+    for a in SIZES:
+        for b in SIZES:
+            for u in UNROLL:
+                inputs.append(MeasureInput(task, tiled(task, a, b, u)))
+                results.append(ok(known_cost(a, b)))
+    return inputs, results
+
+
+@pytest.fixture(scope="module")
+def extractor():
+    return FeatureExtractor()
+
+
+@pytest.fixture(scope="module")
+def trained(synthetic, extractor):
+    """A model trained on 80 % of the synthetic programs, and the held-out 20 %."""
+    inputs, results = synthetic
+    order = np.random.default_rng(0).permutation(len(inputs))
+    cut = int(0.8 * len(inputs))
+    train, test = order[:cut], order[cut:]
+    model = XGBModel(min_train_programs=1, extractor=extractor)
+    model.update([inputs[i] for i in train], [results[i] for i in train])
+    return model, [inputs[i] for i in test], [results[i] for i in test]
+
+
+def write_log(path: Path, task: SearchTask, states, results) -> None:
+    with RecordWriter(path) as writer:
+        writer.write([MeasureInput(task, s) for s in states], results)
+
+
+# ---------------------------------------------------------------------------------------------- features
+def test_features_are_deterministic_per_store_rows(task):
+    states = [tiled(task, a, b, 16, cache_write=c) for a, b in ((4, 32), (8, 8), (1, 128)) for c in (False, True)]
+    first = FeatureExtractor(pipeline=False).extract(task, states)
+    again = FeatureExtractor().extract(task, states[::-1])[::-1]
+    for state, f, g in zip(states, first, again):
+        # One row per stored buffer: C (init and update together), plus C_local after a cache write.
+        assert f.dtype == np.float32 and f.shape == (len(state.stages), NUM_FEATURES)
+        np.testing.assert_array_equal(f, g)
+    assert not np.array_equal(first[0], first[2])  # tile sizes show in the features
+
+
+def test_pipelined_batch_equals_serial_and_cache_hits(task, synthetic):
+    states = [inp.state for inp in synthetic[0][:80]]  # more than one pipeline chunk
+    serial = FeatureExtractor(pipeline=False).extract(task, states)
+    ext = FeatureExtractor()
+    piped = ext.extract(task, states)
+    for f, g in zip(serial, piped):
+        np.testing.assert_array_equal(f, g)
+    ext.extract(task, states[:10])
+    assert ext.stats.cache_hits == 10 and ext.stats.states == 90
+
+
+def test_unreplayable_state_has_no_features_and_scores_minus_inf(task, trained):
+    model = trained[0]
+    bad = task.compute_dag.init_state()
+    bad.annotate(0, 2, "vectorize")  # k is a reduction loop: TVM refuses
+    good = tiled(task, 8, 32, 0)
+    assert FeatureExtractor().extract(task, [bad])[0] is None
+    scores = model.predict(task, [bad, good])
+    assert scores[0] == -np.inf and np.isfinite(scores[1])
+    n = len(model.data)
+    model.update([MeasureInput(task, bad)], [FAILED])  # dropped, not a crash
+    assert len(model.data) == n
+
+
+# ---------------------------------------------------------------------------------------------- objective
+def test_pack_sum_score_is_the_sum_of_per_store_predictions(task, trained, extractor):
+    model, test_inputs, _ = trained
+    states = [inp.state for inp in test_inputs]
+    scores = model.predict(task, states)
+    parts = model.predict_stores(task, states)
+    feats = extractor.extract(task, states)
+    for score, part, feat in zip(scores, parts, feats):
+        rows = model.booster.predict(xgb.DMatrix(feat), output_margin=True)
+        np.testing.assert_allclose(part, rows, rtol=1e-6)
+        assert len(part) == len(feat)
+        assert score == pytest.approx(float(np.sum(rows)), rel=1e-5, abs=1e-6)
+
+
+def test_pack_sum_gradients_match_finite_differences():
+    packs = Packs(np.array([0, 0, 1, 2, 2, 2]), np.array([0, 0, 0]), np.array([1.0, 0.5, 0.0]))
+    sums = np.array([0.3, 0.9, -0.2])
+    mse = PackSumSquaredError(packs)
+    grad, hess = mse.gradient(sums)
+    eps = 1e-6
+    loss = lambda s: 0.5 * np.sum(packs.labels * (s - packs.labels) ** 2)  # noqa: E731
+    numeric = [(loss(sums + eps * np.eye(3)[k]) - loss(sums - eps * np.eye(3)[k])) / (2 * eps) for k in range(3)]
+    np.testing.assert_allclose(grad, numeric, atol=1e-6)
+    row_grad, row_hess = packs.to_rows(grad, hess)
+    np.testing.assert_array_equal(row_grad, grad[packs.row_program])  # every row gets its program's gradient
+    assert np.sum(row_hess[packs.row_program == 1]) == 0.5  # weights are labels (Ansor)
+
+    rank = PackSumPairwise(packs, pairs_per_program=64, seed=1)
+    grad, hess = rank.gradient(sums)
+    assert grad[0] < 0 and grad[2] > 0 and np.all(hess > 0)  # push the best up, the failed one down
+    assert rank.loss(sums + np.array([1.0, 0.0, -1.0])) < rank.loss(sums)
+
+
+def test_ranking_metrics():
+    costs = np.array([1.0, 2.0, 3.0, MAX_COST, 5.0, 1.0])
+    groups = ["a", "a", "a", "a", "b", "b"]
+    perfect = -costs
+    assert pairwise_accuracy(perfect, costs, groups) == 1.0
+    assert pairwise_accuracy(-perfect, costs, groups) == 0.0
+    assert pairwise_accuracy(np.zeros(6), costs, groups) == 0.5
+    assert top_k_recall(perfect, costs, groups, 1) == 1.0
+    assert top_k_recall(np.array([0, 1, 2, 3, 0, 1]), costs, groups, 1) == 0.5
+    assert spearman_by_group(perfect, costs, groups)["a"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------------------- learning
+def test_learns_a_known_tile_size_cost(task, trained):
+    model, test_inputs, test_results = trained
+    report = evaluate(model, test_inputs, test_results)
+    assert report.pairwise_accuracy >= 0.9, report
+    assert report.spearman["matmul-128"] >= 0.9, report
+
+
+def test_incremental_updates_retrain_on_everything(task, synthetic, extractor):
+    inputs, results = synthetic
+    model = XGBModel(min_train_programs=4, max_programs_per_task=64, extractor=extractor)
+    model.update(inputs[:2], results[:2])
+    assert model.booster is None and len(model.predict(task, [inputs[0].state])) == 1  # random warm-up
+    for start in range(2, 130, 32):
+        model.update(inputs[start:start + 32], results[start:start + 32])
+    assert model.booster is not None
+    assert len(model.data) == 64 and model.last_train.programs == 64  # capped per task
+
+
+def test_training_set_cap_keeps_best_half_and_most_recent():
+    data = TrainingSet(max_programs_per_task=4)
+    for i, cost in enumerate([1.0, 9.0, 2.0, 8.0, 7.0, 6.0]):
+        data.add("t", np.full((1, 3), i, np.float32), cost)
+    arrays = data.arrays()
+    assert sorted(arrays.costs) == [1.0, 2.0, 6.0, 7.0]  # best two, then the two most recent
+    np.testing.assert_allclose(sorted(arrays.packs.labels), [1 / 7, 1 / 6, 0.5, 1.0])
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_zero_one_or_two_records_never_crash(task, synthetic, extractor, n):
+    inputs, results = synthetic
+    picked = [inputs[0], inputs[100]][:n]
+    outcome = [results[0], FAILED][:n]
+    for model in (XGBModel(min_train_programs=0, extractor=extractor), XGBModel(extractor=extractor),
+                  RandomModel()):
+        model.update(picked, outcome)
+        scores = model.predict(task, [inputs[5].state, inputs[6].state])
+        assert scores.shape == (2,) and np.all(np.isfinite(scores))
+
+
+def test_save_load_gives_identical_predictions(task, trained, synthetic, tmp_path):
+    model, test_inputs, _ = trained
+    states = [inp.state for inp in test_inputs]
+    model.save(tmp_path / "m.npz")
+    loaded = load_model(tmp_path / "m.npz")
+    assert isinstance(loaded, XGBModel) and len(loaded.data) == len(model.data)
+    np.testing.assert_array_equal(loaded.predict(task, states), model.predict(task, states))
+    loaded.update(synthetic[0][:3], synthetic[1][:3])  # training goes on from the saved data
+    assert loaded.last_train.programs == len(model.data) + 3
+
+    RandomModel(seed=7).save(tmp_path / "r.npz")
+    np.testing.assert_array_equal(load_model(tmp_path / "r.npz").predict(task, states),
+                                  RandomModel(seed=7).predict(task, states))
+
+
+def test_bad_model_files_are_clear_errors(tmp_path):
+    (tmp_path / "junk.npz").write_text("not a model")
+    for path, needle in ((tmp_path / "missing.npz", "cannot read model"),
+                         (tmp_path / "junk.npz", "not a cost model file")):
+        with pytest.raises(CostModelError, match=needle):
+            load_model(path)
+    with pytest.raises(CostModelError, match="unknown objective"):
+        XGBParams(objective="nope")
+
+
+# ---------------------------------------------------------------------------------------------- logs
+def test_logs_of_other_targets_and_workloads_are_filtered(task, synthetic, tmp_path, caplog):
+    inputs, results = synthetic
+    log = tmp_path / "mixed.json"
+    other_target = SearchTask(task.func, {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 4},
+                              workload_key=task.workload_key)
+    other_workload = SearchTask.from_workload("matmul-64", task.target)
+    write_log(log, task, [inp.state for inp in inputs[:6]], results[:6])
+    write_log(log, other_target, [inp.state for inp in inputs[:3]], results[:3])
+    write_log(log, other_workload, [other_workload.compute_dag.init_state()], [ok(1e-3)])
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        records = load_training_records([log], target=task.target, workloads=["matmul-128"])
+    assert len(records) == 6 and {r.task.target_str for r in records} == {task.target_str}
+    assert "skipped 3 records measured for another target" in caplog.text
+    assert "skipped 1 records of other workloads (matmul-64: 1)" in caplog.text
+    with pytest.raises(RecordError, match="no records .* for target"):
+        load_training_records([log], target=task.target, workloads=["matmul-999"])
+
+
+def test_empty_or_missing_log_is_a_clear_error(tmp_path):
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(RecordError, match="no records in"):
+        train_from_logs([tmp_path / "empty.json"])
+    with pytest.raises(RecordError, match="cannot read log"):
+        train_from_logs([tmp_path / "missing.json"])
+
+
+def test_split_is_by_program_and_seeded(task, synthetic, tmp_path):
+    inputs, results = synthetic
+    log = tmp_path / "dup.json"
+    write_log(log, task, [inp.state for inp in inputs[:20]] * 2, results[:20] * 2)  # every program twice
+    records = load_training_records([log])
+    train, test = split_by_program(records, 0.2, seed=3)
+    assert len(test) == 8 and not {r.steps for r in train} & {r.steps for r in test}
+    assert [r.steps for r in split_by_program(records, 0.2, seed=3)[1]] == [r.steps for r in test]
+
+
+# ---------------------------------------------------------------------------------------------- script
+def _script_main():
+    spec = importlib.util.spec_from_file_location("train_cost_model", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("content, needle", [
+    (None, "cannot read log"),
+    ("", "no records in"),
+    ("\x00\x01garbage\n{not json\n" * 20, "no records in"),
+])
+def test_script_bad_log_is_one_line_error_exit_2(tmp_path, capsys, content, needle):
+    log = tmp_path / "log.json"
+    if content is not None:
+        log.write_text(content)
+    assert _script_main()([str(log), "--out", str(tmp_path / "m.npz")]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err and not (tmp_path / "m.npz").exists()
+
+
+def test_script_trains_reports_and_saves(task, synthetic, tmp_path):
+    inputs, results = synthetic
+    log = tmp_path / "synthetic.json"
+    write_log(log, task, [inp.state for inp in inputs[::2]], results[::2])
+    out = tmp_path / "model.npz"
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(log), "--out", str(out), "--test-fraction", "0.25"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for needle in ("pairwise accuracy:", "top-1 recall:", "top-5 recall:", "Spearman per task:", "matmul-128"):
+        assert needle in proc.stdout, proc.stdout
+    accuracy = float(proc.stdout.split("pairwise accuracy:")[1].split()[0])
+    assert accuracy >= 0.85, proc.stdout
+    assert isinstance(load_model(out), XGBModel)
+    help_text = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True,
+                               timeout=60).stdout
+    for flag in ("--out", "--test-fraction", "--seed", "--target", "--workload", "--objective", "--max-rounds",
+                 "--verbose"):
+        assert flag in help_text
