@@ -1,5 +1,25 @@
-"""Measurement: building and timing candidates (Ray executor in :mod:`ansor.measure.ray_executor`)."""
+"""Measurement: building and timing candidates on Ray, with Ansor's error codes and timeouts.
 
-from .types import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult
+The data types import nothing heavy, so the core and the cost model can use them; everything that needs
+Ray (:class:`ProgramMeasurer` and the builders and runners behind it) is imported on first use.
+"""
 
-__all__ = ["MAX_COST", "BuildResult", "ErrorNo", "MeasureInput", "MeasureResult"]
+from importlib import import_module
+from typing import Any
+
+from .types import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
+
+_LAZY = {
+    "ProgramMeasurer": ".measurer",
+    "MeasureCallback": ".callbacks",
+    "ProgressLogger": ".callbacks",
+    "RecordToFile": ".callbacks",
+}
+
+__all__ = ["MAX_COST", "BuildResult", "ErrorNo", "MeasureInput", "MeasureResult", "Span", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

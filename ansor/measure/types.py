@@ -46,6 +46,8 @@ class BuildResult:
     error_no: int
     error_msg: str = ""
     time_cost: float = 0.0
+    start: float = 0.0  # wall-clock time the build began (``time.time()``), for timelines
+    node: str = ""  # Ray node id of the process that built it
 
 
 @dataclass
@@ -66,3 +68,18 @@ class MeasureResult:
     @property
     def ok(self) -> bool:
         return self.error_no == ErrorNo.NO_ERROR
+
+
+@dataclass(frozen=True)
+class Span:
+    """One build or run of a batch: where and when it happened (wall clock, seconds).
+
+    Kept so tests and progress displays can check the measurement discipline (builds overlap, runs never
+    overlap each other or a build on the same node) from what the workers themselves recorded.
+    """
+
+    kind: str  # "build", "run", or "reference" (the one run of a task's unscheduled program)
+    index: int  # position of the candidate in the measured batch; -1 for a reference
+    node: str
+    start: float
+    end: float

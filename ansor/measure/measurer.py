@@ -1,0 +1,213 @@
+"""ProgramMeasurer: the one entry point the search calls to measure a batch of candidates.
+
+A batch goes through two phases. Build: every candidate (and, once per task, the unscheduled program whose
+output is the correctness reference) compiles in parallel on all CPUs of the cluster. Run: each node's CPUs
+are reserved, the references are computed once, then every built candidate is checked and timed, one at a
+time per device. Builds and runs alternate, so no timing ever shares its cores with a compiler. Every
+result goes to the callbacks as soon as it is known; :meth:`ProgramMeasurer.measure` returns them in input
+order.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from typing import Optional, Sequence
+
+import ray
+
+from ..errors import AnsorError
+from ..search_task import SearchTask
+from ..target import is_gpu
+from .builder import DEFAULT_BUILD_TIMEOUT, RayBuilder
+from .callbacks import MeasureCallback
+from .ray_session import RaySession
+from .runner import RunConfig, RunReply
+from .runner_pool import RunJob, RunnerPool
+from .shipping import TaskHandle, ship, task_key
+from .types import MAX_COST, BuildResult, MeasureInput, MeasureResult, Span
+
+logger = logging.getLogger("ansor")
+
+DEFAULT_RUN_TIMEOUT = 10.0
+#: The reference is the unscheduled program: naive loops, one thread, often 10-100x slower than a candidate.
+DEFAULT_REFERENCE_TIMEOUT = 60.0
+
+
+class ProgramMeasurer:
+    """Builds and times candidates on Ray; use as a context manager (or call :meth:`close`).
+
+    Parameters
+    ----------
+    ray_address
+        Cluster to join; default ``$RAY_ADDRESS``, else an embedded local Ray (stopped on close). A process
+        already connected to Ray keeps its connection and closing leaves it alone.
+    build_timeout, run_timeout
+        Seconds per build and per run (check + timing) before the worker is killed.
+    number, repeat, min_repeat_ms, enable_cpu_cache_flush
+        Timing parameters, see :class:`~ansor.measure.runner.RunConfig`.
+    check_correctness
+        Compare each candidate's outputs with those of the task's unscheduled program (``WRONG_ANSWER``).
+    reference_timeout
+        Seconds for the one run of the unscheduled program per task; if it fails, the task is measured
+        unchecked (with a warning).
+    callbacks
+        Called with ``([input], [result])`` for every candidate as it finishes.
+    """
+
+    def __init__(self, ray_address: Optional[str] = None, *, build_timeout: float = DEFAULT_BUILD_TIMEOUT,
+                 run_timeout: float = DEFAULT_RUN_TIMEOUT, number: int = 1, repeat: int = 3,
+                 min_repeat_ms: int = 100, enable_cpu_cache_flush: bool = True, check_correctness: bool = True,
+                 reference_timeout: float = DEFAULT_REFERENCE_TIMEOUT,
+                 callbacks: Sequence[MeasureCallback] = ()):
+        self.run_timeout = run_timeout
+        self.reference_timeout = reference_timeout
+        self.check_correctness = check_correctness
+        self.callbacks = list(callbacks)
+        #: Where and when each build and run of the last batch happened (worker clocks where known).
+        self.spans: list[Span] = []
+        # Reference outputs by task key: (ObjectRef,) once computed, None if the reference failed.
+        self._references: dict[str, Optional[tuple]] = {}
+        self._session = RaySession.open(ray_address)
+        self._builder = RayBuilder(build_timeout)
+        self._pool = RunnerPool(RunConfig(number, repeat, min_repeat_ms, enable_cpu_cache_flush))
+
+    def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]:
+        """Build and time ``inputs``; one result per input, in input order (failures cost ``MAX_COST``).
+
+        Raises
+        ------
+        AnsorError
+            If no node of the cluster has the device a candidate's target needs (e.g. no GPU for CUDA).
+        """
+        batch = _Batch(list(inputs), self.callbacks)
+        self.spans = batch.spans
+        if not batch.inputs:
+            return []
+        tasks = [inp.task for inp in batch.inputs]
+        references = self._missing_references(tasks)  # task key -> task whose unscheduled program is the reference
+        self._pool.prepare({_runner_spec(t) for t in tasks + list(references.values())})
+        for device in {_runner_spec(t)[0] for t in tasks} - self._pool.devices():
+            raise AnsorError(f"the Ray cluster has no {device.upper()} to time {device} candidates on "
+                             f"(resources: {ray.cluster_resources()})")
+        handles = ship(tasks + list(references.values()))
+
+        # Build phase: the candidates and the missing references, all at once.
+        n = len(tasks)
+        builds = self._builder.build([(inp.task, inp.state) for inp in batch.inputs]
+                                     + [(t, None) for t in references.values()],
+                                     lambda i, res: batch.built(i, res) if i < n else None, handles)
+
+        # Run phase, on reserved CPUs: the references first, then every built candidate.
+        needs_cpu = bool(references) or any(_runner_spec(t)[0] == "cpu" for t in tasks)
+        with self._pool.reserve() if needs_cpu else nullcontext():
+            built_keys = {task_key(t) for t, b in zip(tasks, builds) if b.lib is not None}
+            self._compute_references({key: (task, build) for (key, task), build in zip(references.items(), builds[n:])
+                                      if key in built_keys}, handles, batch)  # nothing built: none needed yet
+            jobs = []
+            for i, (task, build) in enumerate(zip(tasks, builds)):
+                if build.lib is not None:
+                    device, threads = _runner_spec(task)
+                    reference = self._references.get(task_key(task)) if self.check_correctness else None
+                    jobs.append(RunJob(i, handles[task_key(task)], build.lib, device, threads, self.run_timeout,
+                                       reference))
+            self._pool.run(jobs, lambda job, reply: batch.ran(job.index, builds[job.index], reply))
+        return batch.results  # type: ignore[return-value]
+
+    def _missing_references(self, tasks: list[SearchTask]) -> dict[str, SearchTask]:
+        missing: dict[str, SearchTask] = {}
+        if self.check_correctness:
+            for task in tasks:
+                key = task_key(task)
+                if key not in self._references and key not in missing:
+                    missing[key] = _reference_task(task)
+        return missing
+
+    def _compute_references(self, needed: dict[str, tuple[SearchTask, BuildResult]],
+                            handles: dict[str, TaskHandle], batch: "_Batch") -> None:
+        """Run each task's unscheduled program once; keep its outputs in the object store for the checks."""
+        keys = list(needed)
+
+        def done(job: RunJob, reply: RunReply) -> None:
+            batch.spans.append(Span("reference", -1, reply.node, reply.start, reply.end))
+            if reply.outputs is not None:
+                self._references[keys[job.index]] = (ray.put(reply.outputs),)
+            else:
+                self._disable_check(keys[job.index], reply.error_msg)
+
+        jobs = []
+        for j, (key, (task, build)) in enumerate(needed.items()):
+            if build.lib is None:
+                self._disable_check(key, f"the unscheduled program did not build: {build.error_msg}")
+            else:
+                jobs.append(RunJob(j, handles[task_key(task)], build.lib, "cpu", _runner_spec(task)[1],
+                                   self.reference_timeout, is_reference=True))
+        self._pool.run(jobs, done)
+
+    def _disable_check(self, key: str, why: str) -> None:
+        self._references[key] = None
+        logger.warning("no correctness check for %s: %s", key.split("|")[0], why.strip().splitlines()[0][:300])
+
+    def close(self) -> None:
+        """Stop the runners, close the callbacks, and leave (or stop) Ray."""
+        try:
+            if ray.is_initialized():
+                self._pool.close()
+        finally:
+            try:
+                for callback in self.callbacks:
+                    close = getattr(callback, "close", None)
+                    if close is not None:
+                        close()
+            finally:
+                self._session.close()
+
+    def __enter__(self) -> "ProgramMeasurer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Batch:
+    """One ``measure`` call: its results in input order, its timeline, and the callbacks to feed."""
+
+    def __init__(self, inputs: list[MeasureInput], callbacks: list[MeasureCallback]):
+        self.inputs = inputs
+        self.callbacks = callbacks
+        self.results: list[Optional[MeasureResult]] = [None] * len(inputs)
+        self.spans: list[Span] = []
+
+    def built(self, i: int, build: BuildResult) -> None:
+        self.spans.append(Span("build", i, build.node, build.start, build.start + build.time_cost))
+        if build.lib is None:
+            self._finish(i, MeasureResult((MAX_COST,), build.error_no, build.error_msg, build.time_cost,
+                                          node=build.node))
+
+    def ran(self, i: int, build: BuildResult, reply: RunReply) -> None:
+        self.spans.append(Span("run", i, reply.node, reply.start, reply.end))
+        self._finish(i, MeasureResult(reply.costs, reply.error_no, reply.error_msg,
+                                      build.time_cost + reply.end - reply.start, node=reply.node))
+
+    def _finish(self, i: int, result: MeasureResult) -> None:
+        self.results[i] = result
+        for callback in self.callbacks:
+            callback([self.inputs[i]], [result])
+
+
+def _runner_spec(task: SearchTask) -> tuple[str, int]:
+    """(device, TVM_NUM_THREADS) of the runner for ``task``: as many threads as the target has cores."""
+    if is_gpu(task.target):
+        return "gpu", 0
+    return "cpu", task.hardware_params.num_cores
+
+
+def _reference_task(task: SearchTask) -> SearchTask:
+    """The task whose unscheduled program gives the reference.
+
+    A GPU task's reference is computed on the host CPU: every node has one, and the reference then does not
+    depend on the GPU code generator whose output it is meant to check.
+    """
+    if not is_gpu(task.target):
+        return task
+    return SearchTask(task.func, None, workload_key=task.workload_key, desc=task.desc)

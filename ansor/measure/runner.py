@@ -1,0 +1,164 @@
+"""The runner actor: loads a built candidate and times it on the device it owns, one candidate at a time.
+
+This is the code that runs inside the actor process; :mod:`ansor.measure.runner_pool` places the actors
+(one per device), reserves the node's CPUs while they time, enforces timeouts and replaces an actor that
+crashed or hung. Keeping the timing in a separate process is what lets a segfaulting or endless kernel
+cost one candidate instead of the tuning run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import ray
+import tvm
+
+from .. import apply
+from .builder import short_error
+from .ray_session import current_node
+from .shipping import TaskHandle
+from .types import MAX_COST, ErrorNo
+
+_CACHE_FLUSH = "cache_flush_cpu_non_first_arg"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a candidate is timed (arguments of TVM's ``time_evaluator``).
+
+    The defaults time each candidate over ``repeat`` = 3 repeats of at least ``min_repeat_ms`` = 100 ms;
+    ``number`` = 1 is only the starting count that TVM raises until a repeat lasts that long, so a 10 µs
+    kernel runs ~10^4 times per repeat while a 50 ms one runs twice. With ``enable_cpu_cache_flush`` the
+    CPU caches are flushed of every argument but the first (the weights stay warm, as in a network)
+    before each repeat, as Ansor does. Reported costs are the per-repeat means, in seconds.
+    """
+
+    number: int = 1
+    repeat: int = 3
+    min_repeat_ms: int = 100
+    enable_cpu_cache_flush: bool = True
+
+
+@dataclass
+class RunReply:
+    """What a runner call returns: timings or an error, plus when and where it ran."""
+
+    costs: tuple[float, ...]
+    error_no: int
+    error_msg: str
+    start: float
+    end: float
+    node: str
+    outputs: Optional[list[np.ndarray]] = None  # every argument after one call (reference runs only)
+
+
+class Runner:
+    """Actor body: owns one device of one node; caches inputs and reference outputs per workload.
+
+    Parameters
+    ----------
+    device
+        TVM device type to run on (``"cpu"`` or ``"cuda"``); a GPU actor sees its one GPU as index 0.
+    """
+
+    def __init__(self, device: str):
+        self._device = tvm.device(device, 0)
+        self._flush = _CACHE_FLUSH if device == "cpu" else ""
+        self._node = current_node()
+        self._inputs: dict[str, list[np.ndarray]] = {}
+        self._references: dict[str, list[np.ndarray]] = {}
+
+    def ready(self) -> int:
+        """Returns once the actor is up; the number of threads TVM's runtime will use."""
+        return tvm.runtime.num_threads()
+
+    def reference(self, handle: TaskHandle, lib: bytes) -> RunReply:
+        """Run the unscheduled program once on the task's inputs; the outputs are the reference."""
+        start = time.time()
+        try:
+            module = load_library(lib)
+            args = self._args(handle)
+            module["main"](*args)
+            self._device.sync()
+            outputs = [a.numpy() for a in args]
+        except Exception as err:
+            return self._error(ErrorNo.RUNTIME_DEVICE, f"reference run failed: {short_error(err)}", start)
+        self._references[handle.key] = outputs
+        return RunReply((), int(ErrorNo.NO_ERROR), "", start, time.time(), self._node, outputs)
+
+    def run(self, handle: TaskHandle, lib: bytes, reference: Optional[tuple], config: RunConfig) -> RunReply:
+        """Check (if ``reference`` holds the reference outputs' ObjectRef) and time one candidate."""
+        start = time.time()
+        try:
+            module = load_library(lib)
+        except Exception as err:
+            return self._error(ErrorNo.RUNTIME_DEVICE, f"cannot load the library: {short_error(err)}", start)
+        try:
+            args = self._args(handle)
+            if reference is not None:
+                module["main"](*args)
+                self._device.sync()
+                mismatch = _compare([a.numpy() for a in args], self._reference(handle.key, reference))
+                if mismatch:
+                    return self._error(ErrorNo.WRONG_ANSWER, mismatch, start)
+            timer = module.time_evaluator("main", self._device, number=config.number, repeat=config.repeat,
+                                          min_repeat_ms=config.min_repeat_ms,
+                                          f_preproc=self._flush if config.enable_cpu_cache_flush else "")
+            costs = tuple(float(c) for c in timer(*args).results)
+        except Exception as err:
+            return self._error(ErrorNo.RUNTIME_DEVICE, short_error(err), start)
+        return RunReply(costs, int(ErrorNo.NO_ERROR), "", start, time.time(), self._node)
+
+    # ------------------------------------------------------------------ helpers
+    def _args(self, handle: TaskHandle) -> list[tvm.runtime.Tensor]:
+        inputs = self._inputs.get(handle.key)
+        if inputs is None:
+            inputs = self._inputs[handle.key] = apply.random_inputs(handle.get())
+        return [tvm.runtime.tensor(a, self._device) for a in inputs]
+
+    def _reference(self, key: str, holder: tuple) -> list[np.ndarray]:
+        outputs = self._references.get(key)
+        if outputs is None:
+            outputs = self._references[key] = ray.get(holder[0])
+        return outputs
+
+    def _error(self, code: ErrorNo, msg: str, start: float) -> RunReply:
+        return RunReply((MAX_COST,), int(code), msg, start, time.time(), self._node)
+
+
+def load_library(lib: bytes) -> tvm.runtime.Module:
+    """Load an exported library from its bytes.
+
+    ``dlopen`` needs a file. Each load gets a fresh name (``dlopen`` hands back the old handle for a path
+    it already has open, and overwriting a mapped library crashes its users); the file is deleted as soon
+    as it is mapped.
+    """
+    fd, path = tempfile.mkstemp(prefix="ansor-run-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(lib)
+        return tvm.runtime.load_module(path)
+    finally:
+        os.unlink(path)
+
+
+def _compare(got: list[np.ndarray], want: list[np.ndarray]) -> str:
+    """Empty if every argument matches the reference, else which one differs and where."""
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"argument {i}: {g.dtype}{list(g.shape)} where the reference has {w.dtype}{list(w.shape)}"
+        if np.issubdtype(w.dtype, np.floating):
+            tol = 1e-2 if w.dtype.itemsize <= 2 else 1e-3  # another loop order rounds differently
+            bad = ~np.isclose(g, w, rtol=tol, atol=tol, equal_nan=True)
+        else:
+            bad = g != w
+        if bad.any():
+            where = tuple(int(x) for x in np.argwhere(bad)[0])
+            return (f"wrong answer: argument {i} differs from the reference at {int(bad.sum())} of {bad.size} "
+                    f"elements (first at {where}: {g[where]} instead of {w[where]})")
+    return ""

@@ -1,0 +1,299 @@
+"""Runner actors on every device of the cluster: placement, CPU reservation, timeouts, crashes, node loss.
+
+One *lane* per device: the CPUs of a node form one lane, each GPU another. A lane times one candidate at a
+time through its :class:`~ansor.measure.runner.Runner` actor, pinned to the lane's node, and pulls the next
+job from a shared queue when done, so a fast node takes more work and a lost node's work moves elsewhere.
+
+Why the CPU reservation is a lease and not the actor's own ``num_cpus``: Ray holds an actor's resources for
+its whole life, so an actor owning all CPUs of a node would starve the builds of the next batch forever
+(on a one-node cluster, every build). Instead the actors take no CPU and live across batches (TVM
+imported, inputs and references cached), and for the run phase :meth:`RunnerPool.reserve` starts on each
+node a tiny task holding ``num_cpus`` = all of that node's CPUs until cancelled. While it runs Ray places
+no build, ours or anyone's, on that node; builds and runs alternate per batch.
+
+A run that outlives its timeout gets its actor killed (the hung kernel dies with the process) and
+``RUN_TIMEOUT``; an actor that dies mid-run (segfault, ``abort``) costs that candidate ``RUNTIME_DEVICE``.
+Either way the lane starts a fresh actor for its next job. When the node itself is gone, the job is
+queued again for another node (at most :data:`MAX_NODE_LOSSES` times), never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Optional
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .builder import short_error
+from .ray_session import alive_nodes, current_node, node_alive
+from .runner import RunConfig, Runner, RunReply
+from .shipping import TaskHandle
+from .types import MAX_COST, ErrorNo
+
+logger = logging.getLogger("ansor")
+
+#: Seconds a new runner may take to start (a fresh worker process importing TVM: ~2 s when idle).
+ACTOR_START_TIMEOUT = 120.0
+#: Seconds to wait for a node's CPUs to become free for the run phase (someone else's builds may hold them).
+LEASE_TIMEOUT = 120.0
+#: How many times a job may lose its node before it is recorded as an error.
+MAX_NODE_LOSSES = 2
+
+_RunnerActor = ray.remote(Runner)
+
+
+@ray.remote(num_returns="streaming", max_retries=0)
+def _hold_cpus():
+    """Hold the CPUs this task was given until cancelled; the first item says the lease is granted."""
+    yield current_node()
+    while True:  # a cancel arrives as KeyboardInterrupt between bytecodes: sleep in short steps
+        time.sleep(0.1)
+
+
+@dataclass
+class RunJob:
+    """One call to a runner: time (or, for a reference, just run) one built program."""
+
+    index: int  # the caller's id for this job
+    handle: TaskHandle
+    lib: bytes
+    device: str  # "cpu" or "gpu": which lanes may take it
+    threads: int  # TVM_NUM_THREADS of the runner; 0 leaves TVM's default
+    timeout: float
+    reference: Optional[tuple] = None  # (ObjectRef of the reference outputs,): check against them
+    is_reference: bool = False  # compute the reference instead of timing
+    node_losses: int = 0
+
+
+@dataclass
+class _Actor:
+    handle: ray.actor.ActorHandle
+    threads: int
+    ready: Optional[ray.ObjectRef]  # pending until the actor is up, then None
+
+
+@dataclass
+class _Lane:
+    node: str
+    device: str
+    actors: dict[int, _Actor] = field(default_factory=dict)  # by TVM_NUM_THREADS
+    job: Optional[RunJob] = None
+    actor: Optional[_Actor] = None  # the one running ``job``
+    call: Optional[ray.ObjectRef] = None
+    deadline: float = 0.0  # time.monotonic() by which the actor must be up, then the call done
+    started: float = 0.0  # wall clock at the start of the call
+    dead: bool = False  # unusable until the next batch (node gone, runner would not start)
+
+
+Done = Callable[[RunJob, RunReply], None]
+
+
+class RunnerPool:
+    """Runner actors for every device of the cluster, reused across batches.
+
+    Parameters
+    ----------
+    config
+        How candidates are timed.
+    """
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self._lanes: dict[tuple[str, str, int], _Lane] = {}
+
+    def prepare(self, specs: Iterable[tuple[str, int]]) -> None:
+        """Start the runners a batch will need ((device, threads) pairs) without waiting for them.
+
+        Called before the builds, so the ~2 s start of a fresh actor overlaps compilation.
+        """
+        self._refresh_lanes()
+        specs = set(specs)
+        for lane in self._lanes.values():
+            for device, threads in specs:
+                if lane.device == device and threads not in lane.actors:
+                    lane.actors[threads] = self._spawn(lane, threads)
+
+    def devices(self) -> set[str]:
+        """Device kinds ("cpu", "gpu") some live node offers."""
+        return {lane.device for lane in self._lanes.values()}
+
+    @contextmanager
+    def reserve(self) -> Iterator[None]:
+        """Hold every CPU of every node with a CPU lane for the duration of the block."""
+        self._refresh_lanes()
+        cpus = {n.node_id: n.cpus for n in alive_nodes()}
+        leases = {}
+        for lane in self._lanes.values():
+            if lane.device == "cpu" and cpus.get(lane.node):
+                strategy = NodeAffinitySchedulingStrategy(lane.node, soft=False)
+                leases[_hold_cpus.options(num_cpus=cpus[lane.node], scheduling_strategy=strategy).remote()] = lane
+        try:
+            if leases:
+                _, late = ray.wait(list(leases), num_returns=len(leases), timeout=LEASE_TIMEOUT)
+                for gen in late:
+                    logger.warning("node %s: its CPUs stayed busy for %g s; not timing on it this batch",
+                                   leases[gen].node, LEASE_TIMEOUT)
+                    leases[gen].dead = True
+            yield
+        finally:
+            for gen in leases:
+                ray.cancel(gen)
+
+    def run(self, jobs: Iterable[RunJob], on_done: Done) -> None:
+        """Run every job; ``on_done(job, reply)`` is called exactly once per job, as it finishes."""
+        queues: dict[str, deque[RunJob]] = {"cpu": deque(), "gpu": deque()}
+        for job in sorted(jobs, key=lambda j: j.threads):  # fewer runner switches per lane
+            queues[job.device].append(job)
+        lanes = list(self._lanes.values())
+        try:
+            while True:
+                for lane in lanes:
+                    if lane.job is None and not lane.dead and queues[lane.device]:
+                        self._start(lane, queues[lane.device].popleft())
+                for device, queue in queues.items():
+                    if queue and not any(lane.device == device and not lane.dead for lane in lanes):
+                        while queue:
+                            job = queue.popleft()
+                            on_done(job, _failure(ErrorNo.UNKNOWN_ERROR, "", time.time(),
+                                                  f"no live {device.upper()} runner in the Ray cluster"))
+                busy = [lane for lane in lanes if lane.job is not None]
+                if not busy:
+                    return
+                self._step(busy, queues, on_done)
+        finally:  # Ctrl-C or a failing callback: stop what is still running
+            for lane in lanes:
+                if lane.job is not None:
+                    self._kill(lane, lane.actor)
+                    lane.job = lane.actor = lane.call = None
+
+    def close(self) -> None:
+        """Kill every runner actor."""
+        for lane in self._lanes.values():
+            for actor in list(lane.actors.values()):
+                self._kill(lane, actor)
+        self._lanes.clear()
+
+    # ------------------------------------------------------------------ lanes and actors
+    def _refresh_lanes(self) -> None:
+        wanted = set()
+        for node in alive_nodes():
+            if node.cpus:
+                wanted.add((node.node_id, "cpu", 0))
+            wanted.update((node.node_id, "gpu", g) for g in range(node.gpus))
+        for key in [k for k in self._lanes if k not in wanted]:
+            lane = self._lanes.pop(key)
+            for actor in list(lane.actors.values()):
+                self._kill(lane, actor)
+        for key in wanted:
+            lane = self._lanes.setdefault(key, _Lane(node=key[0], device=key[1]))
+            lane.dead = False
+
+    def _spawn(self, lane: _Lane, threads: int) -> _Actor:
+        options: dict = {"num_cpus": 0, "num_gpus": 1 if lane.device == "gpu" else 0, "max_restarts": 0,
+                         "scheduling_strategy": NodeAffinitySchedulingStrategy(lane.node, soft=False)}
+        if threads:  # TVM reads it when its thread pool starts: it must be in the process environment
+            options["runtime_env"] = {"env_vars": {"TVM_NUM_THREADS": str(threads)}}
+        handle = _RunnerActor.options(**options).remote("cuda" if lane.device == "gpu" else "cpu")
+        return _Actor(handle, threads, handle.ready.remote())
+
+    @staticmethod
+    def _kill(lane: _Lane, actor: Optional[_Actor]) -> None:
+        if actor is None:
+            return
+        if lane.actors.get(actor.threads) is actor:
+            del lane.actors[actor.threads]
+        ray.kill(actor.handle, no_restart=True)
+
+    # ------------------------------------------------------------------ the event loop
+    def _start(self, lane: _Lane, job: RunJob) -> None:
+        actor = lane.actors.get(job.threads)
+        if actor is None:
+            actor = lane.actors[job.threads] = self._spawn(lane, job.threads)
+        if job.is_reference:
+            lane.call = actor.handle.reference.remote(job.handle, job.lib)
+        else:
+            lane.call = actor.handle.run.remote(job.handle, job.lib, job.reference, self.config)
+        lane.job, lane.actor, lane.started = job, actor, time.time()
+        lane.deadline = time.monotonic() + (ACTOR_START_TIMEOUT if actor.ready is not None else job.timeout)
+
+    def _step(self, busy: list[_Lane], queues: dict[str, deque[RunJob]], on_done: Done) -> None:
+        """Wait for the first event among the busy lanes (an actor up, a reply, a deadline) and handle it."""
+        waiting = {}  # ref -> (lane, whether it is the actor's start rather than the call)
+        for lane in busy:
+            starting = lane.actor.ready is not None
+            waiting[lane.actor.ready if starting else lane.call] = (lane, starting)
+        timeout = max(0.0, min(lane.deadline for lane in busy) - time.monotonic())
+        ready, _ = ray.wait(list(waiting), num_returns=1, timeout=timeout)
+        for ref in ready:
+            lane, starting = waiting[ref]
+            if starting:
+                self._on_actor_ready(lane, queues, on_done)
+            else:
+                self._on_reply(lane, queues, on_done)
+        now = time.monotonic()
+        for lane in busy:
+            if lane.job is not None and lane.deadline <= now:
+                self._on_deadline(lane, queues, on_done)
+
+    def _on_actor_ready(self, lane: _Lane, queues: dict[str, deque[RunJob]], on_done: Done) -> None:
+        actor = lane.actor
+        try:
+            threads = ray.get(actor.ready)
+        except ray.exceptions.RayError as err:
+            self._lose_lane(lane, f"its runner did not start ({short_error(err)})", queues, on_done)
+            return
+        if actor.threads and threads != actor.threads:
+            logger.warning("runner on node %s uses %d threads, not TVM_NUM_THREADS=%d", lane.node, threads,
+                           actor.threads)
+        actor.ready = None
+        lane.deadline, lane.started = time.monotonic() + lane.job.timeout, time.time()
+
+    def _on_reply(self, lane: _Lane, queues: dict[str, deque[RunJob]], on_done: Done) -> None:
+        job, actor, call = lane.job, lane.actor, lane.call
+        try:
+            reply = ray.get(call)
+        except ray.exceptions.RayActorError as err:
+            if not node_alive(lane.node):
+                self._lose_lane(lane, "the node left the cluster", queues, on_done)
+                return
+            self._kill(lane, actor)
+            reply = _failure(ErrorNo.RUNTIME_DEVICE, lane.node, lane.started,
+                             f"the runner process died running this candidate (crash): {short_error(err)}")
+        except ray.exceptions.RayError as err:  # an exception inside the runner: a bug, not the candidate
+            reply = _failure(ErrorNo.UNKNOWN_ERROR, lane.node, lane.started, short_error(err))
+        lane.job = lane.actor = lane.call = None
+        on_done(job, reply)
+
+    def _on_deadline(self, lane: _Lane, queues: dict[str, deque[RunJob]], on_done: Done) -> None:
+        job, actor = lane.job, lane.actor
+        if actor.ready is not None:
+            self._lose_lane(lane, f"its runner did not start within {ACTOR_START_TIMEOUT:g} s", queues, on_done)
+            return
+        self._kill(lane, actor)
+        lane.job = lane.actor = lane.call = None
+        what = "reference run" if job.is_reference else "run"
+        on_done(job, _failure(ErrorNo.RUN_TIMEOUT, lane.node, lane.started,
+                              f"{what} did not finish within {job.timeout:g} s; the runner was killed"))
+
+    def _lose_lane(self, lane: _Lane, why: str, queues: dict[str, deque[RunJob]], on_done: Done) -> None:
+        """Take the lane out of this batch and give its job to another lane (or record the loss)."""
+        job = lane.job
+        self._kill(lane, lane.actor)
+        lane.job = lane.actor = lane.call = None
+        lane.dead = True
+        job.node_losses += 1
+        if job.node_losses > MAX_NODE_LOSSES:
+            on_done(job, _failure(ErrorNo.UNKNOWN_ERROR, lane.node, lane.started,
+                                  f"gave up after losing {job.node_losses} runner nodes; last: {why}"))
+        else:
+            logger.warning("node %s: %s; its candidates move to other nodes", lane.node, why)
+            queues[job.device].appendleft(job)
+
+
+def _failure(code: ErrorNo, node: str, start: float, msg: str) -> RunReply:
+    return RunReply((MAX_COST,), int(code), msg, start, time.time(), node)

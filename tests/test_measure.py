@@ -1,0 +1,131 @@
+"""Measurement on a real local Ray: batch discipline, results, callbacks, error codes, CUDA builds."""
+
+import itertools
+import logging
+
+import pytest
+import ray
+
+from ansor.errors import AnsorError
+from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer, ProgressLogger, RecordToFile
+from ansor.measure.builder import RayBuilder
+from ansor.measure.ray_session import current_node
+from ansor.records import load_records
+from ansor.search_task import SearchTask
+
+CUDA = {"kind": "cuda", "arch": "sm_80"}
+
+
+def matmul_inputs(task: SearchTask, n: int) -> list[MeasureInput]:
+    """``n`` distinct tilings of the matmul block (stage 0: i, j, k), outer loop parallel."""
+    inputs = []
+    for f, g in itertools.islice(itertools.product([4, 8, 16, 32], [4, 8, 16, 32]), n):
+        s = task.compute_dag.init_state()
+        s.split(0, 0, [f])
+        s.split(0, 2, [g])
+        s.annotate(0, 0, "parallel")
+        inputs.append(MeasureInput(task, s))
+    return inputs
+
+
+def overlaps(a, b) -> bool:
+    return a.start < b.end and b.start < a.end
+
+
+@pytest.fixture(scope="module")
+def matmul128():
+    return SearchTask.from_workload("matmul-128")
+
+
+def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, matmul128, tmp_path, caplog):
+    inputs = matmul_inputs(matmul128, 16)
+    seen = []
+    log = tmp_path / "log.json"
+    with caplog.at_level(logging.WARNING, logger="ansor"), \
+            ProgramMeasurer(min_repeat_ms=20, callbacks=[lambda i, r: seen.append((i, r)), RecordToFile(log)]) as m:
+        results = m.measure(inputs)
+        spans = m.spans
+    assert "TVM_NUM_THREADS" not in caplog.text  # the runner's TVM uses the target's 2 cores
+    assert len(results) == 16
+    assert all(r.ok and len(r.costs) == 3 and all(0 < c < 1 for c in r.costs) for r in results), results
+    assert all(r.node == current_node() and r.all_cost > 0 for r in results)
+    # Every result reached the callbacks exactly once, as it finished, and the log holds them all.
+    assert all(len(i) == len(r) == 1 for i, r in seen)
+    assert sorted(id(i[0]) for i, _ in seen) == sorted(id(x) for x in inputs)
+    assert all(results[inputs.index(i[0])] is r[0] for i, r in seen)
+    records = load_records(log)
+    assert len(records) == 16
+    assert {rec.steps for rec in records} == {tuple(x.state.steps) for x in inputs}
+
+    builds = [s for s in spans if s.kind == "build"]
+    runs = [s for s in spans if s.kind in ("run", "reference")]  # the reference runs once, before the rest
+    assert sorted(s.index for s in builds) == sorted(s.index for s in runs if s.kind == "run") == list(range(16))
+    assert [s.kind for s in runs].count("reference") == 1
+    assert any(overlaps(a, b) for a, b in itertools.combinations(builds, 2)), "builds never ran in parallel"
+    assert not any(overlaps(a, b) for a, b in itertools.combinations(runs, 2)), "two runs overlapped"
+    assert not any(overlaps(r, b) for r in runs for b in builds if r.node == b.node), "a run overlapped a build"
+
+
+def test_build_errors_keep_input_order_and_cost_max(local_ray, matmul128):
+    good = matmul_inputs(matmul128, 2)
+    bad_step = matmul128.compute_dag.init_state()
+    bad_step.annotate(0, 2, "parallel")  # k is a reduction loop: TVM refuses -> INSTANTIATION_ERROR
+    bad_compile = matmul128.compute_dag.init_state()
+    bad_compile.annotate(0, 0, "threadIdx.x")  # GPU thread binding in a CPU program -> COMPILE_HOST
+    inputs = [good[0], MeasureInput(matmul128, bad_step), MeasureInput(matmul128, bad_compile), good[1]]
+    with ProgramMeasurer(min_repeat_ms=10) as m:
+        assert m.measure([]) == []
+        results = m.measure(inputs)
+    assert [r.error_no for r in results] == [ErrorNo.NO_ERROR, ErrorNo.INSTANTIATION_ERROR,
+                                             ErrorNo.COMPILE_HOST, ErrorNo.NO_ERROR]
+    assert "parallel" in results[1].error_msg and results[2].error_msg
+    assert results[1].costs == results[2].costs == (1e10,)
+
+
+def test_progress_logger_reports_speed_and_errors(local_ray, matmul128, caplog):
+    bad = matmul128.compute_dag.init_state()
+    bad.annotate(0, 2, "parallel")
+    progress = ProgressLogger()
+    with caplog.at_level(logging.INFO, logger="ansor"), ProgramMeasurer(min_repeat_ms=10,
+                                                                         callbacks=[progress]) as m:
+        m.measure(matmul_inputs(matmul128, 1) + [MeasureInput(matmul128, bad)])
+    assert (progress.count, progress.errors) == (2, 1)
+    text = caplog.text
+    assert "GFLOPS" in text and "INSTANTIATION_ERROR" in text
+
+
+def cuda_state(task: SearchTask):
+    s = task.compute_dag.init_state()
+    s.split(0, 0, [16])
+    s.split(0, 2, [16])
+    s.annotate(0, 0, "blockIdx.x")
+    s.annotate(0, 1, "threadIdx.x")
+    return s
+
+
+def test_cuda_builds_on_a_machine_without_gpu(local_ray):
+    task = SearchTask.from_workload("matmul-128", CUDA)
+    [result] = RayBuilder(timeout=60).build([(task, cuda_state(task))])
+    assert result.error_no == ErrorNo.NO_ERROR, result.error_msg
+    assert result.lib[:4] == b"\x7fELF" and result.node == current_node()
+
+
+def has_gpu() -> bool:
+    return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+
+
+def test_cuda_measure_without_gpu_is_refused(local_ray):
+    if has_gpu():
+        pytest.skip("this machine has a GPU")
+    task = SearchTask.from_workload("matmul-128", CUDA)
+    with ProgramMeasurer() as m, pytest.raises(AnsorError, match="no GPU"):
+        m.measure([MeasureInput(task, cuda_state(task))])
+
+
+def test_cuda_candidates_run_on_the_gpu(local_ray):
+    if not has_gpu():
+        pytest.skip("no GPU in the Ray cluster: CUDA candidates can be built here but not run")
+    task = SearchTask.from_workload("matmul-128", "cuda")  # the GPU's own architecture
+    with ProgramMeasurer() as m:
+        [result] = m.measure([MeasureInput(task, cuda_state(task))])
+    assert result.ok, result.error_msg

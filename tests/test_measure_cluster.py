@@ -1,0 +1,80 @@
+"""A simulated two-node cluster (``ray.cluster_utils.Cluster``): builds spread, runners per node, node loss."""
+
+import itertools
+import os
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer
+from ansor.search_task import SearchTask
+
+NODE_ARGS = {"num_cpus": 1, "object_store_memory": 100 * 2 ** 20}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    assert not ray.is_initialized(), "a Ray connection was left open by an earlier test module"
+    c = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "resources": {"head": 1},
+                                                       "include_dashboard": False})
+    c.add_node(**NODE_ARGS, resources={"worker": 1})
+    c.wait_for_nodes()
+    yield c
+    if ray.is_initialized():
+        ray.shutdown()
+    c.shutdown()
+
+
+def inputs_for(task: SearchTask, n: int) -> list[MeasureInput]:
+    inputs = []
+    for f, g in itertools.islice(itertools.product([4, 8, 16, 32], [4, 8, 16, 32]), n):
+        s = task.compute_dag.init_state()
+        s.split(0, 0, [f])
+        s.split(0, 2, [g])
+        s.annotate(0, 0, "parallel")
+        inputs.append(MeasureInput(task, s))
+    return inputs
+
+
+def test_builds_spread_and_each_node_times_its_share(cluster, monkeypatch):
+    head, worker = cluster.head_node.node_id, next(iter(cluster.worker_nodes)).node_id
+    monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # joined through the environment, as scripts do
+    task = SearchTask.from_workload("matmul-128")
+    with ProgramMeasurer(min_repeat_ms=20) as m:
+        results = m.measure(inputs_for(task, 8))
+        spans = m.spans
+    assert all(r.ok for r in results), [r.error_msg for r in results]
+    assert {s.node for s in spans if s.kind == "build"} == {head, worker}
+    assert {r.node for r in results} == {head, worker}
+    # Each runner measures on its own node: every run span is on the node its result names.
+    runs = {s.index: s for s in spans if s.kind == "run"}
+    assert all(runs[i].node == r.node for i, r in enumerate(results))
+    # Leaving a cluster we joined does not stop it.
+    assert not ray.is_initialized()
+    assert all(n.remaining_processes_alive() for n in [cluster.head_node, *cluster.worker_nodes])
+
+
+def test_losing_a_node_mid_batch_loses_no_candidate(cluster, caplog):
+    worker = next(iter(cluster.worker_nodes))
+    task = SearchTask.from_workload("matmul-128")
+    inputs = inputs_for(task, 12)
+    finished = []
+
+    def remove_worker_after_two(inps, results):
+        finished.append(results[0])
+        if len(finished) == 2:  # both runners are busy: the worker's candidate is in flight
+            cluster.remove_node(worker)
+
+    with ProgramMeasurer(cluster.address, min_repeat_ms=100,
+                         callbacks=[remove_worker_after_two]) as m:
+        results = m.measure(inputs)
+        assert len(results) == len(finished) == 12
+        assert all(r.ok or (r.error_no != ErrorNo.NO_ERROR and r.error_msg) for r in results)
+        assert sum(r.ok for r in results) >= 11  # the candidate in flight is re-run (or, at worst, an error)
+        # After the removal only the head measures (one result may have been on its way back already).
+        assert sum(r.node == worker.node_id for r in finished[2:]) <= 1
+        assert f"node {worker.node_id}" in caplog.text  # the loss was noticed and its work moved
+        # The next batch runs on what is left.
+        assert all(r.ok for r in m.measure(inputs[:2]))

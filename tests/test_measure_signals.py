@@ -1,0 +1,85 @@
+"""Ctrl-C in the middle of a batch: the tuning process exits promptly, leaves no Ray process behind, and
+the results its callback already wrote stay on disk."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import psutil
+
+from ansor.records import load_records
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from ansor.measure import MeasureInput, ProgramMeasurer, RecordToFile
+    from ansor.search_task import SearchTask
+
+    task = SearchTask.from_workload("matmul-128")
+    inputs = []
+    for f in [2, 4, 8, 16, 32, 64, 128, 1]:
+        for g in [8, 16]:
+            s = task.compute_dag.init_state()
+            s.split(0, 0, [f])
+            s.split(0, 2, [g])
+            inputs.append(MeasureInput(task, s))
+    try:
+        with ProgramMeasurer(min_repeat_ms=300, callbacks=[RecordToFile(sys.argv[1])]) as m:
+            print("measuring", flush=True)
+            m.measure(inputs)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(3)  # the batch must not have finished before the interrupt
+""")
+
+
+def records_in(path) -> int:
+    return len(load_records(path)) if os.path.exists(path) else 0
+
+
+def test_ctrl_c_mid_batch_exits_promptly_and_cleanly(tmp_path):
+    log = tmp_path / "log.json"
+    script = tmp_path / "tune.py"
+    script.write_text(SCRIPT)
+    # A private temp root: every file and socket of this Ray session lives under it, so any process of the
+    # session names it on its command line. Short, because Ray's socket paths must stay under 108 bytes.
+    root = tempfile.mkdtemp(prefix="sig", dir="/tmp")
+    env = {**os.environ, "TMPDIR": root}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, str(script), str(log)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while records_in(log) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read()
+        assert records_in(log) >= 2, "no result was written in time"
+        family = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(p.name() for p in family)
+        assert "raylet" in names and "gcs_server" in names, names
+
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        code = proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = proc.stdout.read()
+    assert code == 130, output
+    assert took < 10, f"took {took:.1f} s to exit after SIGINT"
+
+    time.sleep(1)  # the raylet's workers may take a moment to notice their raylet is gone
+    left = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [p.cmdline() for p in left]
+    strays = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if root in " ".join(p.info["cmdline"] or [])]
+    assert not strays, strays
+    assert not os.listdir(root), "the Ray temp dir was not removed"
+    os.rmdir(root)
+
+    written = load_records(log)
+    assert 2 <= len(written) < 16
+    assert all(r.result.ok for r in written)
