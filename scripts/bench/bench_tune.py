@@ -1,0 +1,143 @@
+"""Benchmark: ansor vs MetaSchedule vs numpy/OpenBLAS, tuned and timed in one run.
+
+  python scripts/bench/bench_tune.py                                  # matmul-512 and C2 at 64 and 256 trials
+  python scripts/bench/bench_tune.py --wkl matmul-512 --trials 64     # one quick comparison
+  python scripts/bench/bench_tune.py --skip-metaschedule              # ours only
+
+Every contender runs in its own block with a pause in between (TVM's and OpenBLAS's pool threads spin
+after a call and would steal each other's cores), with TVM_NUM_THREADS = the target's cores. The best
+program of each tuner is re-timed by the same in-process timer (cache flushed, median of 10 repeats of
+>= 200 ms), so the ratios compare programs, not measurement setups. Also reported: wall time of each
+tuning run and ansor's search overhead per round (time not spent building or running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+PEAK_GFLOPS = 465.0  # 2-core Zen 5, full-width AVX-512, fp32 (16-accumulator zmm FMA loop)
+
+
+@dataclass
+class Row:
+    workload: str
+    trials: int
+    contender: str
+    gflops: float
+    wall_s: float
+    note: str = ""
+
+
+def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
+    from ansor import apply
+    from ansor.cost_model import XGBModel
+    from ansor.measure.measurer import ProgramMeasurer
+    from ansor.search_task import SearchTask
+    from ansor.tuning import TuningOptions, auto_schedule
+
+    task = SearchTask.from_workload(wkl)
+    t0 = time.time()
+    with ProgramMeasurer(repeat=3, min_repeat_ms=40) as measurer:
+        result = auto_schedule(task, TuningOptions(num_measure_trials=trials, seed=seed), measurer,
+                               XGBModel(seed=seed))
+    wall = time.time() - t0
+    rounds = result.rounds
+    search = sum(r.search_s for r in rounds) / max(1, len(rounds))
+    train = sum(r.train_s for r in rounds) / max(1, len(rounds))
+    measure = sum(r.measure_s for r in rounds) / max(1, len(rounds))
+    module = apply.build(task, result.best_state)
+    cost = apply.time_module(task, module, apply.random_inputs(task))
+    note = (f"per round: search {search:.2f} s, model update {train:.2f} s, measure {measure:.2f} s "
+            f"({len(rounds)} rounds)")
+    return task.flop_ct / cost / 1e9, wall, note
+
+
+def time_metaschedule(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from ansor import apply
+    from ansor.search_task import SearchTask
+
+    task = SearchTask.from_workload(wkl)
+    mod = tvm.IRModule({"main": task.func})
+    with tempfile.TemporaryDirectory() as work_dir:
+        t0 = time.time()
+        database = ms.tune_tir(mod, task.target, work_dir, max_trials_global=trials, num_trials_per_iter=64,
+                               seed=seed)
+        wall = time.time() - t0
+        sch = ms.tir_integration.compile_tir(database, mod, task.target)
+    module = tvm.compile(sch.mod, target=task.target).jit()
+    cost = apply.time_module(task, module, apply.random_inputs(task))
+    return task.flop_ct / cost / 1e9, wall, "tune_tir, default rules and builder"
+
+
+def time_numpy(wkl: str) -> tuple[float, float, str]:
+    import numpy as np
+
+    from ansor import apply
+    from ansor.search_task import SearchTask
+
+    if not wkl.startswith("matmul-"):
+        return float("nan"), 0.0, "no numpy equivalent"
+    task = SearchTask.from_workload(wkl)
+    a, b = apply.random_inputs(task)[:2]
+    runs = []
+    for _ in range(10):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 0.2:
+            a @ b
+            n += 1
+        runs.append((time.perf_counter() - t0) / n)
+    return task.flop_ct / float(np.median(runs)) / 1e9, 0.0, "a @ b, OpenBLAS"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wkl", nargs="+", default=["matmul-512", "nhwc-resnet-50.C2"], help="workloads")
+    parser.add_argument("--trials", nargs="+", type=int, default=[64, 256], help="trial budgets")
+    parser.add_argument("--seed", type=int, default=0, help="seed for both tuners")
+    parser.add_argument("--pause", type=float, default=3.0, help="seconds between contenders (default 3)")
+    parser.add_argument("--skip-metaschedule", action="store_true", help="only ansor and numpy")
+    args = parser.parse_args()
+
+    from ansor.target import host_target
+    target = host_target()
+    os.environ["TVM_NUM_THREADS"] = str(int(target.attrs["num-cores"]))
+    print(f"target {target}, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}, peak {PEAK_GFLOPS} GFLOPS",
+          flush=True)
+
+    rows: list[Row] = []
+    for wkl in args.wkl:
+        g, w, note = time_numpy(wkl)
+        rows.append(Row(wkl, 0, "numpy", g, w, note))
+        for trials in args.trials:
+            time.sleep(args.pause)
+            g, w, note = time_ours(wkl, trials, args.seed)
+            rows.append(Row(wkl, trials, "ansor", g, w, note))
+            print(f"{wkl} {trials} ansor {g:.1f} GFLOPS in {w:.1f} s", flush=True)
+            if not args.skip_metaschedule:
+                time.sleep(args.pause)
+                g, w, note = time_metaschedule(wkl, trials, args.seed)
+                rows.append(Row(wkl, trials, "metaschedule", g, w, note))
+                print(f"{wkl} {trials} metaschedule {g:.1f} GFLOPS in {w:.1f} s", flush=True)
+
+    print()
+    print(f"{'workload':<20}{'trials':>7} {'contender':<14}{'GFLOPS':>9}{'of peak':>9}{'vs numpy':>9}"
+          f"{'vs MS':>8}{'wall s':>8}  note")
+    for r in rows:
+        numpy = next((x.gflops for x in rows if x.workload == r.workload and x.contender == "numpy"), float("nan"))
+        ms_ = next((x.gflops for x in rows if x.workload == r.workload and x.trials == r.trials
+                    and x.contender == "metaschedule"), float("nan"))
+        print(f"{r.workload:<20}{r.trials:>7} {r.contender:<14}{r.gflops:>9.1f}{r.gflops / PEAK_GFLOPS:>9.2f}"
+              f"{r.gflops / numpy:>9.2f}{r.gflops / ms_:>8.2f}{r.wall_s:>8.1f}  {r.note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

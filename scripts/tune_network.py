@@ -1,0 +1,317 @@
+"""Tune a whole network: extract its tasks, share the trial budget among them, report end-to-end latency.
+
+Examples
+--------
+  python scripts/tune_network.py --network resnet-50 --n-trials 2000
+  python scripts/tune_network.py --network resnet-50 --n-trials 4000 --resume     # continue the same log
+  python scripts/tune_network.py --network mobilenet-v2 --batch-size 16 --n-trials 1000
+  python scripts/tune_network.py --onnx model.onnx --n-trials 500
+  python scripts/tune_network.py --network resnet-50 --eval-only                  # apply the log, no tuning
+
+The gradient task scheduler gives each round of --per-round measurements to the task whose improvement
+would lower the estimated total latency most (the sum over tasks of weight x best latency; weight = how
+often the subgraph occurs). A table of the tasks is redrawn after every round on stderr. At the end the
+network is built twice, with the default schedules (parallel + vectorized) and with the best schedule of
+each tuned task; the two builds must give the same outputs, then both are timed.
+
+Every measurement is appended to the log as soon as it finishes; after a crash, kill or Ctrl-C, rerun with
+--resume and nothing measured is measured again. Exit status: 0 done, 1 the tuned build gives wrong
+outputs, 2 bad input (the message says which), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from ansor.cli import add_network_args
+
+    parser = argparse.ArgumentParser(
+        prog="tune_network.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_network_args(parser)
+    parser.add_argument("--n-trials", type=int, default=1000,
+                        help="total measurement budget over all tasks, resumed measurements included "
+                             "(default 1000)")
+    parser.add_argument("--target", default="host",
+                        help="'host' (this CPU, physical cores; default), 'llvm', 'llvm -mcpu=znver5 "
+                             "-num-cores=2', or a JSON dict")
+    parser.add_argument("--log-file", default=None,
+                        help="JSON-lines log to append to (default logs/<network>-b<batch>.json)")
+    parser.add_argument("--resume", action="store_true",
+                        help="read --log-file first: its measurements count towards --n-trials, train the "
+                             "cost model, and are never measured again")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="no tuning: apply the best schedules of --log-file and report the timing table")
+    parser.add_argument("--per-round", type=int, default=16,
+                        help="measurements per scheduler round, all of one task (default 16)")
+    parser.add_argument("--strategy", choices=("gradient", "round-robin"), default="gradient",
+                        help="how rounds are given to tasks: Ansor's gradient scheduler (default) or in turn")
+    parser.add_argument("--early-stopping", type=int, default=None, metavar="N",
+                        help="a task whose best latency has not improved in its last N trials gets no more "
+                             "rounds (default: never stop a task)")
+    parser.add_argument("--cost-model", choices=("xgb", "random"), default="xgb",
+                        help="cost model that ranks candidates, shared by all tasks (default xgb)")
+    parser.add_argument("--load-model", default=None, metavar="FILE",
+                        help="start from a cost model saved by scripts/train_cost_model.py")
+    parser.add_argument("--seed", type=int, default=0, help="search and scheduler seed (default 0)")
+    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
+                        help="join this Ray cluster instead of starting a local one (default: $RAY_ADDRESS, "
+                             "else local)")
+    parser.add_argument("--repeat", type=int, default=10,
+                        help="timing repeats (each at least 200 ms) of the final end-to-end measurement "
+                             "(default 10)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log search and measurement details")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from ansor.cli import run_main, setup_logging
+
+    setup_logging(args.verbose)
+    state: dict = {}
+
+    def interrupted() -> str:
+        log = state.get("log_file")
+        if log is None:
+            return "interrupted"
+        return f"interrupted: finished measurements are in {log}; rerun with --resume"
+
+    return run_main(lambda a: run(a, state), args, interrupted)
+
+
+def run(args: argparse.Namespace, state: dict) -> int:
+    from ansor.cli import check_log_file, check_positive, load_network, log_name, parse_target_and_threads
+
+    check_positive("--n-trials", args.n_trials, "64")
+    check_positive("--per-round", args.per_round, "16")
+    check_positive("--early-stopping", args.early_stopping, "64")
+    check_positive("--repeat", args.repeat, "10")
+    target = parse_target_and_threads(args.target)  # sets TVM_NUM_THREADS before any kernel runs
+    net = load_network(args.network, args.onnx, args.batch_size)
+    log_file = Path(args.log_file or Path("logs") / log_name(net.name, net.batch_size))
+    check_log_file(log_file, must_exist=args.eval_only, resume=args.resume)
+
+    from ansor.networks import extract
+
+    t0 = time.time()
+    extraction = extract(net, target)
+    print(f"{net.name} (batch {net.batch_size}): {len(extraction.tasks)} tasks, {extraction.total_weight} "
+          f"weighted occurrences, {len(extraction.skipped)} PrimFuncs not tuned (extracted in "
+          f"{time.time() - t0:.1f} s); log: {log_file}", file=sys.stderr)
+    if not extraction.tasks:
+        raise_no_tasks(net)
+
+    table = TaskTable(extraction.tasks, args.n_trials)
+    if not args.eval_only:
+        state["log_file"] = log_file
+        tune(args, extraction, target, log_file, table)
+        state.pop("log_file")
+    else:
+        table.load(log_file, target)
+    print("\n".join(table.render(final=True)))
+    return report(args, net, extraction, target, log_file, table)
+
+
+def raise_no_tasks(net) -> None:
+    from ansor.networks import NetworkError
+    raise NetworkError(f"{net.name} has no task to tune (every PrimFunc is a reshape, a copy, or one "
+                       "ComputeDAG cannot analyse)")
+
+
+def tune(args: argparse.Namespace, extraction, target, log_file: Path, table: "TaskTable") -> None:
+    from ansor.cli import make_measurer, make_model
+    from ansor.records import RecordWriter
+    from ansor.task_scheduler import tune_tasks
+
+    resume = args.resume and log_file.exists()
+    if args.resume and not log_file.exists():
+        print(f"note: {log_file} does not exist yet; starting a fresh log", file=sys.stderr)
+    elif not args.resume and log_file.exists() and log_file.stat().st_size > 0:
+        print(f"note: appending to the existing {log_file} without reading it (use --resume to continue it)",
+              file=sys.stderr)
+    if resume:
+        table.load(log_file, target)
+        print(f"resumed {table.resumed} measurements of {sum(1 for n in table.trials if n)} tasks from "
+              f"{log_file}", file=sys.stderr)
+        if table.resumed >= args.n_trials:
+            print(f"note: the log already holds {table.resumed} >= --n-trials {args.n_trials} measurements; "
+                  "nothing to tune", file=sys.stderr)
+            return
+    tasks = [t.task for t in extraction.tasks]
+    weights = [t.weight for t in extraction.tasks]
+    model = make_model(args)
+    table.start()
+    with RecordWriter(log_file) as writer, make_measurer(args, [writer.write, table.measured]) as measurer:
+        tune_tasks(tasks, weights, args.n_trials, measurer, model, per_round=args.per_round,
+                   strategy=args.strategy, early_stopping=args.early_stopping, seed=args.seed,
+                   resume_from=str(log_file) if resume else None, on_round=table.round_done)
+    table.stop()
+    print(f"tuning: {table.used} trials ({table.resumed} resumed, {table.errors} failed) in "
+          f"{time.time() - table.t0:.1f} s; log: {log_file}", file=sys.stderr)
+
+
+def report(args: argparse.Namespace, net, extraction, target, log_file: Path, table: "TaskTable") -> int:
+    from ansor.cli import EXIT_FAILED, evaluate_network, timing_table
+
+    if table.resumed == 0 and table.used == 0:
+        print(f"note: {log_file} has no measurement of this network's tasks: the tuned build is the default "
+              "build", file=sys.stderr)
+    print("building the default and the tuned network ...", file=sys.stderr)
+    ev = evaluate_network(net, extraction, log_file, target, repeat=args.repeat)
+    cmp_ = ev.comparison
+    if not cmp_.ok:
+        print(f"error: the tuned build's output differs from the default build's: max |difference| "
+              f"{cmp_.max_abs_error:.3g} > allowed {cmp_.atol + cmp_.rtol * cmp_.scale:.3g} "
+              f"(output scale {cmp_.scale:.3g}); a schedule in {log_file} is wrong", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"Output check: tuned == default build (max |difference| {cmp_.max_abs_error:.3g}, allowed "
+          f"{cmp_.atol + cmp_.rtol * cmp_.scale:.3g})")
+    print(f"Mean inference time (std dev): {ev.tuned.mean_ms:.3f} ms ({ev.tuned.std_ms:.3f} ms)")
+    print(timing_table([("default build", ev.default), ("tuned", ev.tuned)]))
+    print(f"Speedup (mean): {ev.speedup:.2f}x; {ev.tuned_tasks} of {ev.n_tasks} tasks use tuned schedules, "
+          f"the rest default schedules; {ev.tuned.repeats} repeats, {ev.tuned.num_threads} TVM threads")
+    return 0
+
+
+class TaskTable:
+    """The per-task progress table: name, shape, weight, trials, best latency, and the estimated total.
+
+    On a terminal it is redrawn in place after every measurement, with a tqdm progress line under it. When
+    stderr is a file or a pipe, each round prints one line, and the whole table every 10 rounds.
+    """
+
+    EVERY = 10
+
+    def __init__(self, tasks, n_trials: int, stream=None):
+        self.tasks = list(tasks)
+        self.index = {t.workload_key: i for i, t in enumerate(self.tasks)}
+        self.n_trials = n_trials
+        self.trials = [0] * len(self.tasks)
+        self.best = [float("inf")] * len(self.tasks)  # seconds
+        self.used = self.resumed = self.errors = self.rounds = 0
+        self.stream = stream or sys.stderr
+        # Redraw in place only on a terminal tall enough for the whole table.
+        self.tty = self.stream.isatty() and len(self.tasks) + 6 < shutil.get_terminal_size((100, 24)).lines
+        self._drawn = 0
+        self._live = False
+        self.t0 = time.time()
+
+    # -- data
+    def load(self, log_file: Path, target) -> None:
+        """Count the log's measurements of these tasks (what the scheduler resumes from)."""
+        from ansor.records import load_records
+        for rec in load_records(log_file, target=target):
+            i = self.index.get(rec.workload_key)
+            if i is not None:
+                self._add(i, rec.result)
+        self.resumed = self.used
+
+    def measured(self, inputs, results) -> None:
+        """Measure callback: one finished candidate."""
+        for inp, res in zip(inputs, results):
+            i = self.index.get(inp.task.workload_key)
+            if i is not None:
+                self._add(i, res)
+        if self.tty and self._live:
+            self._draw()
+
+    def round_done(self, rnd) -> None:
+        """Scheduler callback: a round ended."""
+        self.rounds += 1
+        if self.tty:
+            self._draw()
+            return
+        name = self.tasks[rnd.task_index].name
+        print(f"round {self.rounds:4d}  trials {rnd.trials_total:5d}/{self.n_trials}  task {rnd.task_index:3d} "
+              f"{name[:60]:<60}  best {_ms(self.best[rnd.task_index])} ms  estimated total {self.total_text()}  "
+              f"({rnd.seconds:.1f} s)", file=self.stream, flush=True)
+        if self.rounds % self.EVERY == 0:
+            print("\n".join(self.render()), file=self.stream, flush=True)
+
+    def _add(self, i: int, res) -> None:
+        self.trials[i] += 1
+        self.used += 1
+        if res.ok:
+            self.best[i] = min(self.best[i], res.mean_cost)
+        else:
+            self.errors += 1
+
+    def total(self) -> tuple[float, int]:
+        """Weighted sum of the best latencies (ms) over the measured tasks, and how many are measured."""
+        done = [i for i, b in enumerate(self.best) if b < float("inf")]
+        return sum(self.tasks[i].weight * self.best[i] for i in done) * 1e3, len(done)
+
+    def total_text(self) -> str:
+        total, done = self.total()
+        if done == len(self.tasks):
+            return f"{total:.3f} ms"
+        return f"- ({done}/{len(self.tasks)} tasks measured)"
+
+    # -- drawing
+    def render(self, final: bool = False) -> list[str]:
+        from ansor.cli import format_table
+
+        rows = []
+        for i, t in enumerate(self.tasks):
+            op, _, shape = t.name.partition(" ")
+            best = self.best[i]
+            gflops = f"{t.task.flop_ct / best / 1e9:.1f}" if best < float("inf") and t.task.flop_ct else "-"
+            rows.append((str(i), op, shape, str(t.weight), str(self.trials[i]), _ms(best), gflops))
+        lines = format_table(("ID", "Task", "Shape", "Weight", "Trials", "Best (ms)", "GFLOPS"), rows,
+                             "><<>>>>")
+        total, done = self.total()
+        if done == len(self.tasks):
+            lines.append(f"Estimated total latency: {total:.3f} ms (sum of weight x best latency)")
+        else:
+            lines.append(f"Estimated total latency: - ({len(self.tasks) - done} of {len(self.tasks)} tasks not "
+                         f"measured yet{f'; measured ones: {total:.3f} ms' if done else ''})")
+        if self.tty and not final:
+            lines.append(self._meter())
+        return lines
+
+    def _meter(self) -> str:
+        from tqdm import tqdm
+        width = shutil.get_terminal_size((100, 24)).columns if self.tty else 100
+        return tqdm.format_meter(min(self.used, self.n_trials), self.n_trials, time.time() - self.t0,
+                                 ncols=width, unit="trial", initial=self.resumed,
+                                 postfix=f"round {self.rounds}, {self.errors} failed")
+
+    def start(self) -> None:
+        self.t0 = time.time()
+        self._live = True
+        if self.tty:
+            self._draw()
+        else:
+            print("\n".join(self.render()), file=self.stream, flush=True)
+
+    def stop(self) -> None:
+        self._live = False
+        if self.tty and self._drawn:  # erase the live table: the final one goes to stdout
+            self.stream.write(f"\x1b[{self._drawn}F\x1b[J")
+            self.stream.flush()
+            self._drawn = 0
+
+    def _draw(self) -> None:
+        lines = self.render()
+        out = []
+        if self._drawn:  # move back to the table's first line and clear below
+            out.append(f"\x1b[{self._drawn}F\x1b[J")
+        out.append("\n".join(lines) + "\n")
+        self.stream.write("".join(out))
+        self.stream.flush()
+        self._drawn = len(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4f}" if seconds < float("inf") else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

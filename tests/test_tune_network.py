@@ -1,0 +1,239 @@
+"""scripts/tune_network.py, evaluate_networks.py and plot_tuning_curve.py as a user runs them.
+
+Real Ray, real TVM, the tiny-cnn network (5 tasks): one short tuning run shared by several tests, a run
+killed with SIGKILL and resumed, bad input, --eval-only, and the two log-reading scripts.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+TINY_TASKS = 5  # tiny-cnn: conv (x2), max pool, average pool, dense
+
+
+def env() -> dict:
+    out = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    out.pop("RAY_ADDRESS", None)
+    return out
+
+
+def run(script: str, *args: str, timeout: int = 300, cwd: Path = ROOT, extra_env: dict | None = None):
+    return subprocess.run([sys.executable, str(SCRIPTS / script), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env={**env(), **(extra_env or {})}, cwd=cwd)
+
+
+def records(log: Path) -> list[tuple[str, str]]:
+    """(workload key, steps) of every complete record line, in file order."""
+    out = []
+    for line in log.read_text().splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:  # a line torn by SIGKILL
+            continue
+        if "i" in obj:
+            out.append((obj["i"][0][0], json.dumps(obj["i"][1][1])))
+    return out
+
+
+def assert_final_report(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "Output check: tuned == default build" in out, out
+    assert re.search(r"^Mean inference time \(std dev\): \d+\.\d+ ms \(\d+\.\d+ ms\)$", out, re.M), out
+    assert re.search(r"Mean +Median +Max +Min +Std", out), out
+    assert re.search(r"^default build( +\d+\.\d+){5}$", out, re.M), out
+    assert re.search(r"^tuned( +\d+\.\d+){5}$", out, re.M), out
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """One short end-to-end run: 10 trials, 2 per round, so every task gets one round."""
+    log = tmp_path_factory.mktemp("tuned") / "tiny-cnn-b1.json"
+    proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", 10, "--per-round", 2, "--log-file", log,
+               "--repeat", 3)
+    return log, proc
+
+
+def test_tiny_network_end_to_end(tuned):
+    log, proc = tuned
+    assert_final_report(proc)
+    assert len(records(log)) == 10
+    assert len({key for key, _ in records(log)}) == TINY_TASKS  # the warm-up round visits every task
+    # The live table (stderr) and the final table (stdout) name tasks with shapes, weights, trials, best ms.
+    assert "fused_conv2d_add_relu" in proc.stderr and "[1,32,32,3]x[3,3,3,16]" in proc.stdout
+    assert re.search(r"^Estimated total latency: \d+\.\d+ ms", proc.stdout, re.M), proc.stdout
+    assert "5 of 5 tasks use tuned schedules" in proc.stdout
+
+
+def test_eval_only_applies_the_log_without_measuring(tuned, tmp_path):
+    log = tmp_path / "tiny-cnn-b1.json"
+    shutil.copy(tuned[0], log)
+    before = log.read_bytes()
+    proc = run("tune_network.py", "--network", "tiny-cnn", "--eval-only", "--log-file", log, "--repeat", 3)
+    assert_final_report(proc)
+    assert log.read_bytes() == before  # nothing measured, nothing appended
+    assert "round" not in proc.stderr and "tuning:" not in proc.stderr
+    assert "5 of 5 tasks use tuned schedules" in proc.stdout
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _kill_run(proc: subprocess.Popen) -> None:
+    """SIGKILL the script's process group, then every Ray process it started (by pid), then Ray's files."""
+    family = _descendants(proc.pid)
+    temp_dirs = {m for p in family for m in re.findall(r"/[^\s=,]*ansor-ray-[^/\s=,]+", " ".join(_cmdline(p)))}
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        left = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left += [p for p in psutil.process_iter() if p.pid != os.getpid() and p not in left
+                 and any(d in " ".join(_cmdline(p)) for d in temp_dirs)]
+        if not left:
+            break
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"Ray processes of the killed run are still alive: {[p.pid for p in left]}")
+    for d in temp_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
+    log = tmp_path / "tiny-cnn-b1.json"
+    out, err = open(tmp_path / "out.txt", "w"), open(tmp_path / "err.txt", "w")
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "tune_network.py"), "--network", "tiny-cnn",
+                             "--n-trials", "200", "--per-round", "2", "--cost-model", "random", "--log-file",
+                             str(log)], stdout=out, stderr=err, env=env(), cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            if log.exists() and len(records(log)) >= 4:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, f"the run ended before it was killed: {(tmp_path / 'err.txt').read_text()}"
+        assert log.exists() and len(records(log)) >= 4, "no records after 180 s"
+    finally:
+        _kill_run(proc)
+        out.close()
+        err.close()
+    assert proc.returncode == -signal.SIGKILL
+    text = log.read_text()
+    complete = text[: text.rfind("\n") + 1].splitlines()  # a torn last line is not a measurement
+    before = records(log)
+
+    resumed = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", len(before) + 4, "--per-round", 2,
+                  "--cost-model", "random", "--log-file", log, "--resume", "--repeat", 3)
+    assert_final_report(resumed)
+    assert f"resumed {len(before)} measurements" in resumed.stderr
+    assert log.read_text().splitlines()[: len(complete)] == complete  # nothing lost or rewritten
+    after = records(log)
+    assert after[: len(before)] == before and len(after) == len(before) + 4
+    assert len(set(after)) == len(after), "a state was measured twice"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--network", "no-such-net"], "valid names: resnet-50, mobilenet-v2"),
+    ([], "--network NAME"),
+    (["--onnx", "{tmp}/missing.onnx"], "no such ONNX file"),
+    (["--onnx", "{tmp}/garbage.onnx"], "not a valid ONNX model"),
+    (["--network", "tiny-cnn", "--n-trials", "0"], "--n-trials must be a positive number"),
+    (["--network", "tiny-cnn", "--n-trials", "-3"], "--n-trials must be a positive number"),
+    (["--network", "tiny-cnn", "--batch-size", "0"], "--batch-size must be a positive number"),
+    (["--network", "tiny-cnn", "--eval-only"], "logs/tiny-cnn-b1.json does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    (tmp_path / "garbage.onnx").write_bytes(b"this is not a protobuf \x00\xff")
+    if "--onnx" in args and importlib.util.find_spec("onnx") is None:
+        needle = "pip install"
+    proc = run("tune_network.py", *[a.format(tmp=tmp_path) for a in args], timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_help_explains_every_flag():
+    out = run("tune_network.py", "--help", timeout=60).stdout
+    for flag in ("--network", "--onnx", "--batch-size", "--n-trials", "--target", "--log-file", "--resume",
+                 "--ray-address", "--eval-only", "--per-round", "--strategy", "--early-stopping", "--cost-model",
+                 "--load-model", "--seed"):
+        assert flag in out
+
+
+def test_evaluate_networks_table(tuned, tmp_path):
+    proc = run("evaluate_networks.py", tuned[0], "--repeat", 3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert re.match(r"Network +\| Batch \| Baseline \(default build\) \| +ansor \| Speedup", lines[0]), proc.stdout
+    assert re.match(r"tiny-cnn +\| +1 \| +\d+\.\d+ ms \| +\d+\.\d+ ms \| +\d+\.\d+x \| 5/5", lines[2]), proc.stdout
+    assert "Baseline: default build" in proc.stdout
+    # A log whose name does not say which network it is for.
+    odd = tmp_path / "mylog.json"
+    shutil.copy(tuned[0], odd)
+    bad = run("evaluate_networks.py", odd, timeout=120)
+    assert bad.returncode == 2 and "--network NAME --batch-size B" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _final_estimate(stdout: str) -> float:
+    return float(re.search(r"^Estimated total latency: (\d+\.\d+) ms", stdout, re.M).group(1))
+
+
+def test_plot_data_and_missing_matplotlib(tuned, tmp_path):
+    stub = tmp_path / "stub" / "matplotlib"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    no_mpl = {"PYTHONPATH": str(stub.parent)}
+    proc = run("plot_tuning_curve.py", tuned[0], "--out", tmp_path / "c.png", extra_env=no_mpl, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "pip install matplotlib" in lines[0], proc.stderr
+    csv_file = tmp_path / "c.csv"
+    proc = run("plot_tuning_curve.py", tuned[0], "--csv", csv_file, extra_env=no_mpl, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = csv_file.read_text().splitlines()
+    assert rows[0].startswith("trial,total_ms,") and len(rows) == 1 + 10
+    total = [r.split(",")[1] for r in rows[1:]]
+    assert total[0] == "" and total[-1] != ""  # defined once every task has a result
+    assert float(total[-1]) == pytest.approx(_final_estimate(tuned[1].stdout), abs=2e-3)
+    assert not (tmp_path / "c.png").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                    reason="matplotlib is not installed (optional: pip install matplotlib)")
+def test_plot_tuning_curve_png(tuned, tmp_path):
+    png = tmp_path / "curve.png"
+    proc = run("plot_tuning_curve.py", tuned[0], "--out", png, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "10 trials; 5 of 5 tasks measured" in proc.stdout
