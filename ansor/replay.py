@@ -133,12 +133,9 @@ def _apply(sch: tvm.s_tir.Schedule, state: State, blocks: list, step: Step) -> N
     elif isinstance(step, StorageAlignStep):
         P.storage_align(sch, blocks[sid], 0, step.axis, step.factor, step.offset)
     elif isinstance(step, ComputeAtStep):
-        stage, target = state.stages[sid], state.stages[step.target_stage_id]
         loop = _own_loops(sch, state, blocks, step.target_stage_id)[step.target_iter_id]
-        if set(stage.block.write_buffers()) & set(target.block.read_buffers()):
-            P.compute_at(sch, blocks[sid], loop, preserve_unit_loops=True)
-        else:
-            P.reverse_compute_at(sch, blocks[sid], loop, preserve_unit_loops=True)
+        primitive = getattr(P, _compute_at_primitive(state, step))
+        primitive(sch, blocks[sid], loop, preserve_unit_loops=True)
     elif isinstance(step, ComputeInlineStep):
         P.compute_inline(sch, blocks[sid])
     elif isinstance(step, ComputeRootStep):
@@ -157,6 +154,13 @@ def _apply(sch: tvm.s_tir.Schedule, state: State, blocks: list, step: Step) -> N
         blocks.insert(sid, P.rfactor(sch, loop, step.factor_iter_id))
     else:
         raise StepError(f"not a transform step: {step!r}")
+
+
+def _compute_at_primitive(state: State, step: ComputeAtStep) -> str:
+    """``compute_at`` when the target consumes the stage, else ``reverse_compute_at`` (see transform_steps)."""
+    stage, target = state.stages[step.stage_id], state.stages[step.target_stage_id]
+    feeds = set(stage.block.write_buffers()) & set(target.block.read_buffers())
+    return "compute_at" if feeds else "reverse_compute_at"
 
 
 def _check(sch: tvm.s_tir.Schedule, state: State, blocks: list, step: Step) -> None:
@@ -208,8 +212,7 @@ def steps_to_code(dag: "ComputeDAG", steps: Sequence[Step]) -> str:
             code = f"sch.storage_align({blk}, 0, {step.axis}, {step.factor}, {step.offset})"
         elif isinstance(step, ComputeAtStep):
             target = state.stages[step.target_stage_id]
-            prim = ("compute_at" if set(stage.block.write_buffers()) & set(target.block.read_buffers())
-                    else "reverse_compute_at")
+            prim = _compute_at_primitive(state, step)
             tloop = _ident(f"{target.name}_{target.iters[step.target_iter_id].name}")
             code = f"sch.{prim}({blk}, {tloop}, preserve_unit_loops=True)"
         elif isinstance(step, ComputeInlineStep):

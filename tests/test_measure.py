@@ -16,18 +16,6 @@ from ansor.search_task import SearchTask
 CUDA = {"kind": "cuda", "arch": "sm_80"}
 
 
-def matmul_inputs(task: SearchTask, n: int) -> list[MeasureInput]:
-    """``n`` distinct tilings of the matmul block (stage 0: i, j, k), outer loop parallel."""
-    inputs = []
-    for f, g in itertools.islice(itertools.product([4, 8, 16, 32], [4, 8, 16, 32]), n):
-        s = task.compute_dag.init_state()
-        s.split(0, 0, [f])
-        s.split(0, 2, [g])
-        s.annotate(0, 0, "parallel")
-        inputs.append(MeasureInput(task, s))
-    return inputs
-
-
 def overlaps(a, b) -> bool:
     return a.start < b.end and b.start < a.end
 
@@ -37,7 +25,8 @@ def matmul128():
     return SearchTask.from_workload("matmul-128")
 
 
-def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, matmul128, tmp_path, caplog):
+def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, matmul128, tmp_path, caplog,
+                                                                    matmul_inputs):
     inputs = matmul_inputs(matmul128, 16)
     seen = []
     log = tmp_path / "log.json"
@@ -66,7 +55,7 @@ def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, m
     assert not any(overlaps(r, b) for r in runs for b in builds if r.node == b.node), "a run overlapped a build"
 
 
-def test_build_errors_keep_input_order_and_cost_max(local_ray, matmul128):
+def test_build_errors_keep_input_order_and_cost_max(local_ray, matmul128, matmul_inputs):
     good = matmul_inputs(matmul128, 2)
     bad_step = matmul128.compute_dag.init_state()
     bad_step.annotate(0, 2, "parallel")  # k is a reduction loop: TVM refuses -> INSTANTIATION_ERROR
@@ -82,7 +71,7 @@ def test_build_errors_keep_input_order_and_cost_max(local_ray, matmul128):
     assert results[1].costs == results[2].costs == (1e10,)
 
 
-def test_progress_logger_reports_speed_and_errors(local_ray, matmul128, caplog):
+def test_progress_logger_reports_speed_and_errors(local_ray, matmul128, caplog, matmul_inputs):
     bad = matmul128.compute_dag.init_state()
     bad.annotate(0, 2, "parallel")
     progress = ProgressLogger()

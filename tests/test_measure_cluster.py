@@ -1,13 +1,12 @@
 """A simulated two-node cluster (``ray.cluster_utils.Cluster``): builds spread, runners per node, node loss."""
 
-import itertools
 import os
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer
+from ansor.measure import ErrorNo, ProgramMeasurer
 from ansor.search_task import SearchTask
 
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 100 * 2 ** 20}
@@ -27,23 +26,12 @@ def cluster():
     c.shutdown()
 
 
-def inputs_for(task: SearchTask, n: int) -> list[MeasureInput]:
-    inputs = []
-    for f, g in itertools.islice(itertools.product([4, 8, 16, 32], [4, 8, 16, 32]), n):
-        s = task.compute_dag.init_state()
-        s.split(0, 0, [f])
-        s.split(0, 2, [g])
-        s.annotate(0, 0, "parallel")
-        inputs.append(MeasureInput(task, s))
-    return inputs
-
-
-def test_builds_spread_and_each_node_times_its_share(cluster, monkeypatch):
+def test_builds_spread_and_each_node_times_its_share(cluster, monkeypatch, matmul_inputs):
     head, worker = cluster.head_node.node_id, next(iter(cluster.worker_nodes)).node_id
     monkeypatch.setenv("RAY_ADDRESS", cluster.address)  # joined through the environment, as scripts do
     task = SearchTask.from_workload("matmul-128")
     with ProgramMeasurer(min_repeat_ms=20) as m:
-        results = m.measure(inputs_for(task, 8))
+        results = m.measure(matmul_inputs(task, 8))
         spans = m.spans
     assert all(r.ok for r in results), [r.error_msg for r in results]
     assert {s.node for s in spans if s.kind == "build"} == {head, worker}
@@ -56,10 +44,10 @@ def test_builds_spread_and_each_node_times_its_share(cluster, monkeypatch):
     assert all(n.remaining_processes_alive() for n in [cluster.head_node, *cluster.worker_nodes])
 
 
-def test_losing_a_node_mid_batch_loses_no_candidate(cluster, caplog):
+def test_losing_a_node_mid_batch_loses_no_candidate(cluster, caplog, matmul_inputs):
     worker = next(iter(cluster.worker_nodes))
     task = SearchTask.from_workload("matmul-128")
-    inputs = inputs_for(task, 12)
+    inputs = matmul_inputs(task, 12)
     finished = []
 
     def remove_worker_after_two(inps, results):
