@@ -30,7 +30,7 @@ _EXPENSIVE_CALLS = frozenset(
     n for n in ("exp", "exp2", "exp10", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "pow",
                           "tanh", "sigmoid", "erf", "sin", "cos", "tan", "atan", "fast_exp", "fast_tanh")
 )
-_BRANCH_CALLS = frozenset(("if_then_else",))
+_BRANCH_CALLS = frozenset(("if_then_else", "select"))  # _walk records a Select node as "select"
 _FLOP_BINOPS = (E.Add, E.Sub, E.Mul, E.Div, E.Mod, E.FloorDiv, E.FloorMod, E.Max, E.Min)
 
 
@@ -126,7 +126,7 @@ class ComputeDAG:
                 loop_parts[lname].append(LoopPart(iv.var.name, coef, int(loop_var_of[lname].extent)))
         loop_info = tuple((l.loop_var.name, int(l.extent), tuple(loop_parts[l.loop_var.name])) for l in loops)
         is_reduction = any(v.kind == "R" for v in vars_)
-        has_branch = any(c in _BRANCH_CALLS for c in calls) or _has_select(store.value)
+        has_branch = any(c in _BRANCH_CALLS for c in calls)
         has_expensive = any(c in _EXPENSIVE_CALLS for c in calls)
         is_output = store.buffer.name in param_names
         simple = all(idx is not None and (idx.single_var() is not None or not idx.terms)
@@ -289,6 +289,7 @@ def _walk(expr, reads: list[Access], calls: list[str], var_names: set[str], note
         inner = expr.value if isinstance(expr, E.Cast) else expr.a
         return _walk(inner, reads, calls, var_names, note_buffer)
     if isinstance(expr, E.Select):
+        calls.append("select")
         cond = _walk(expr.condition, reads, calls, var_names, note_buffer)
         return cond + max(_walk(expr.true_value, reads, calls, var_names, note_buffer),
                           _walk(expr.false_value, reads, calls, var_names, note_buffer))
@@ -300,15 +301,3 @@ def _walk(expr, reads: list[Access], calls: list[str], var_names: set[str], note
             return counts[0] + max(counts[1], counts[2])
         return int(is_float and name in _EXPENSIVE_CALLS) + sum(counts)
     return 0
-
-
-def _has_select(expr) -> bool:
-    if isinstance(expr, E.Select):
-        return True
-    for attr in ("a", "b", "value"):
-        child = getattr(expr, attr, None)
-        if child is not None and not isinstance(expr, TensorLoad) and _has_select(child):
-            return True
-    if isinstance(expr, Call):
-        return any(_has_select(a) for a in expr.args)
-    return False

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Protocol, Sequence
 from .errors import AnsorError
 from .loop_state import State
 from .measure.types import MeasureInput, MeasureResult
-from .records import load_records
+from .records import Record, load_records
 from .search_task import SearchTask
 from .sketch.policy import SearchParams, SketchPolicy
 
@@ -69,6 +69,20 @@ class TuneResult:
     rounds: list[RoundReport] = field(default_factory=list)
 
 
+def feed_history(task: SearchTask, records: Sequence[Record], policy: SketchPolicy,
+                 model: CostModel) -> tuple[float, Optional[State]]:
+    """Teach the policy and the model what a log already measured; returns the best (cost, state) in it."""
+    inputs = [MeasureInput(task, task.compute_dag.state_from_steps(r.steps)) for r in records]
+    results = [r.result for r in records]
+    policy.record(inputs, results)
+    model.update(inputs, results)
+    best_cost, best_state = float("inf"), None
+    for inp, res in zip(inputs, results):
+        if res.ok and res.mean_cost < best_cost:
+            best_cost, best_state = res.mean_cost, inp.state
+    return best_cost, best_state
+
+
 def auto_schedule(task: SearchTask, options: TuningOptions, measurer: Measurer, model: CostModel,
                   resume_from: Optional[str] = None,
                   on_round: Optional[Callable[[RoundReport], None]] = None,
@@ -80,14 +94,8 @@ def auto_schedule(task: SearchTask, options: TuningOptions, measurer: Measurer, 
     if resume_from:
         records = load_records(resume_from, workload_key=task.workload_key, target=task.target)
         if records:
-            inputs = [MeasureInput(task, task.compute_dag.state_from_steps(r.steps)) for r in records]
-            results = [r.result for r in records]
-            policy.record(inputs, results)
-            model.update(inputs, results)
+            best_cost, best_state = feed_history(task, records, policy, model)
             resumed = len(records)
-            for inp, res in zip(inputs, results):
-                if res.ok and res.mean_cost < best_cost:
-                    best_cost, best_state = res.mean_cost, inp.state
             logger.info("resumed %d records of %s from %s", resumed, task.workload_key, resume_from)
             if on_resume:
                 on_resume(resumed)

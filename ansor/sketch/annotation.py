@@ -11,11 +11,11 @@ import random
 from typing import Optional
 
 from ..errors import StepError
-from ..loop_state import ATTACHED, INLINED, ROOT, Stage, State
+from ..loop_state import INLINED, ROOT, Stage, State
 from ..search_task import SearchTask
 from ..target import is_gpu
 from ..transform_steps import SplitStep, Step
-from .rules import dag_stage, has_reduce_iter, is_output, needs_multi_level_tiling
+from .rules import has_reduce_iter, is_output, needs_multi_level_tiling
 
 #: The innermost tile is at most this long (Ansor's default). Vectorized loops get up to 64 lanes, as in
 #: MetaSchedule (Ansor allowed 16): with AVX-512 a 4 x 64 register block is 16 accumulators.
@@ -246,7 +246,3 @@ def sample_initial_population(task: SearchTask, sketches: list[State], n: int, r
         seen.add(key)
         out.append(state)
     return out
-
-
-__all__ = ["ATTACHED", "factorizations", "fill_tile_sizes", "sample_initial_population", "sample_program",
-           "dag_stage"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import heapq
 import logging
 import random
-import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -34,15 +33,6 @@ class SearchParams:
     evolution: EvolutionParams = field(default_factory=EvolutionParams)
 
 
-@dataclass
-class RoundStats:
-    """Where a round's search time went (seconds)."""
-
-    sample: float = 0.0
-    evolve: float = 0.0
-    candidates: int = 0
-
-
 class SketchPolicy:
     """Generates candidates for one task; learns nothing itself (the cost model does)."""
 
@@ -56,7 +46,6 @@ class SketchPolicy:
         self.measured: set = set()
         self._best: list[tuple[float, int, State]] = []  # the 64 fastest: a min-heap on -cost pops the slowest
         self._counter = 0
-        self.last_round = RoundStats()
         logger.info("%s: %d sketches", task.desc, len(self.sketches))
 
     def record(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
@@ -71,20 +60,15 @@ class SketchPolicy:
 
     def next_batch(self, n: int) -> list[State]:
         """Up to ``n`` new programs to measure (fewer when the search space is exhausted)."""
-        stats = RoundStats()
-        t0 = time.perf_counter()
         p = self.params
         population = sample_initial_population(self.task, self.sketches, p.init_population, self.rng,
                                                exclude=self.measured)
         seeds = [s for _, _, s in sorted(self._best, reverse=True)]
         n_seed = int(p.init_population * p.use_measured_ratio)
         population += seeds[:n_seed]
-        stats.sample = time.perf_counter() - t0
-        t1 = time.perf_counter()
         n_random = max(0, int(round(n * p.eps_greedy))) if self.measured else 0
         evolved = evolutionary_search(self.task, self.model, population, 2 * n, self.measured, self.rng,
                                       p.evolution)
-        stats.evolve = time.perf_counter() - t1
         batch: list[State] = []
         keys: set = set()
         for _, state in evolved:
@@ -96,6 +80,4 @@ class SketchPolicy:
         for state in sample_initial_population(self.task, self.sketches, n - len(batch), self.rng,
                                                exclude=self.measured | keys):
             batch.append(state)
-        stats.candidates = len(batch)
-        self.last_round = stats
         return batch

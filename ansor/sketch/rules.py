@@ -305,9 +305,3 @@ def generate_sketches(task: SearchTask, rules: Optional[tuple[SketchRule, ...]] 
                     break
         frontier = nxt
     return sketches
-
-
-def num_split_lengths(state: State) -> int:
-    """How many split lengths a sketch leaves open (a measure of its search space)."""
-    return sum(1 for step in state.steps for v in getattr(step, "lengths", ()) if v is None)
-

@@ -27,6 +27,7 @@ from ..measure.types import MAX_COST, MeasureInput
 from ..records import load_records
 from ..search_task import SearchTask
 from ..sketch.policy import SearchParams, SketchPolicy
+from ..tuning import feed_history
 
 logger = logging.getLogger("ansor")
 
@@ -185,11 +186,8 @@ def _resume(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Al
         records = by_key.get(task.workload_key, [])
         if not records:
             continue
-        inputs = [MeasureInput(task, task.compute_dag.state_from_steps(r.steps)) for r in records]
-        results = [r.result for r in records]
-        policies[i].record(inputs, results)
-        model.update(inputs, results)
-        alloc.record(i, len(records), min([r.mean_cost for r in results if r.ok] + [MAX_COST]))
+        best_cost, _ = feed_history(task, records, policies[i], model)
+        alloc.record(i, len(records), min(best_cost, MAX_COST))
         used += len(records)
     logger.info("resumed %d records from %s", used, path)
     return used
