@@ -131,11 +131,11 @@ def make_model(args: argparse.Namespace):
 def make_measurer(args: argparse.Namespace, callbacks: list):
     """Ray measurement: builds in parallel, then each candidate timed alone on the node's cores.
 
-    3 repeats of at least 40 ms each: enough to rank candidates on a noisy machine while keeping a short
+    3 repeats of at least 15 ms each: enough to rank candidates on a noisy machine while keeping a short
     run short; final numbers are re-timed for longer by the scripts.
     """
     from .measure.measurer import ProgramMeasurer
-    return ProgramMeasurer(args.ray_address, repeat=3, min_repeat_ms=40, callbacks=callbacks)
+    return ProgramMeasurer(args.ray_address, repeat=3, min_repeat_ms=15, callbacks=callbacks)
 
 
 # -------------------------------------------------------------------------------------------- networks

@@ -31,7 +31,8 @@ def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, m
     seen = []
     log = tmp_path / "log.json"
     with caplog.at_level(logging.WARNING, logger="ansor"), \
-            ProgramMeasurer(min_repeat_ms=20, callbacks=[lambda i, r: seen.append((i, r)), RecordToFile(log)]) as m:
+            ProgramMeasurer(min_repeat_ms=20, slow_factor=float("inf"),
+                            callbacks=[lambda i, r: seen.append((i, r)), RecordToFile(log)]) as m:
         results = m.measure(inputs)
         spans = m.spans
     assert "TVM_NUM_THREADS" not in caplog.text  # the runner's TVM uses the target's 2 cores
@@ -53,6 +54,24 @@ def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, m
     assert any(overlaps(a, b) for a, b in itertools.combinations(builds, 2)), "builds never ran in parallel"
     assert not any(overlaps(a, b) for a, b in itertools.combinations(runs, 2)), "two runs overlapped"
     assert not any(overlaps(r, b) for r in runs for b in builds if r.node == b.node), "a run overlapped a build"
+
+
+def test_a_far_slower_candidate_is_timed_by_one_run(local_ray, matmul128):
+    tiled = matmul128.compute_dag.init_state()
+    tiled.split(0, 0, [16])  # i0 i1 j k
+    tiled.split(0, 2, [16])  # i0 i1 j0 j1 k
+    tiled.reorder(0, [0, 2, 1, 4, 3])  # i0 j0 i1 k j1
+    tiled.annotate(0, 0, "parallel")
+    tiled.annotate(0, 4, "vectorize")
+    fast = MeasureInput(matmul128, tiled)
+    naive = MeasureInput(matmul128, matmul128.compute_dag.init_state())  # one thread, no vectorization
+    with ProgramMeasurer(min_repeat_ms=10) as m:
+        quick, slow = m.measure([fast, naive])
+    assert quick.ok and slow.ok
+    assert len(quick.costs) == 3 and len(slow.costs) == 1
+    assert slow.mean_cost > 5 * quick.mean_cost
+    with ProgramMeasurer(min_repeat_ms=10, slow_factor=float("inf")) as m:
+        assert [len(r.costs) for r in m.measure([fast, naive])] == [3, 3]
 
 
 def test_build_errors_keep_input_order_and_cost_max(local_ray, matmul128, matmul_inputs):

@@ -44,8 +44,9 @@ class ProgramMeasurer:
         already connected to Ray keeps its connection and closing leaves it alone.
     build_timeout, run_timeout
         Seconds per build and per run (check + timing) before the worker is killed.
-    number, repeat, min_repeat_ms, enable_cpu_cache_flush
-        Timing parameters, see :class:`~ansor.measure.runner.RunConfig`.
+    number, repeat, min_repeat_ms, enable_cpu_cache_flush, slow_factor
+        Timing parameters, see :class:`~ansor.measure.runner.RunConfig` (``slow_factor``: a candidate this
+        many times slower than its task's best so far is timed by one run only; ``inf`` times all fully).
     check_correctness
         Compare each candidate's outputs with those of the task's unscheduled program (``WRONG_ANSWER``).
     reference_timeout
@@ -57,7 +58,8 @@ class ProgramMeasurer:
 
     def __init__(self, ray_address: Optional[str] = None, *, build_timeout: float = DEFAULT_BUILD_TIMEOUT,
                  run_timeout: float = DEFAULT_RUN_TIMEOUT, number: int = 1, repeat: int = 3,
-                 min_repeat_ms: int = 100, enable_cpu_cache_flush: bool = True, check_correctness: bool = True,
+                 min_repeat_ms: int = 100, enable_cpu_cache_flush: bool = True, slow_factor: float = 5.0,
+                 check_correctness: bool = True,
                  reference_timeout: float = DEFAULT_REFERENCE_TIMEOUT,
                  callbacks: Sequence[MeasureCallback] = ()):
         self.run_timeout = run_timeout
@@ -70,7 +72,7 @@ class ProgramMeasurer:
         self._references: dict[str, Optional[tuple]] = {}
         self._session = RaySession.open(ray_address)
         self._builder = RayBuilder(build_timeout)
-        self._pool = RunnerPool(RunConfig(number, repeat, min_repeat_ms, enable_cpu_cache_flush))
+        self._pool = RunnerPool(RunConfig(number, repeat, min_repeat_ms, enable_cpu_cache_flush, slow_factor))
 
     def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]:
         """Build and time ``inputs``; one result per input, in input order (failures cost ``MAX_COST``).

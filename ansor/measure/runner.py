@@ -8,6 +8,7 @@ cost one candidate instead of the tuning run.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -31,17 +32,23 @@ _CACHE_FLUSH = "cache_flush_cpu_non_first_arg"
 class RunConfig:
     """How a candidate is timed (arguments of TVM's ``time_evaluator``).
 
-    The defaults time each candidate over ``repeat`` = 3 repeats of at least ``min_repeat_ms`` = 100 ms;
-    ``number`` = 1 is only the starting count that TVM raises until a repeat lasts that long, so a 10 µs
-    kernel runs ~10^4 times per repeat while a 50 ms one runs twice. With ``enable_cpu_cache_flush`` the
+    The defaults time each candidate over ``repeat`` = 3 repeats of about ``min_repeat_ms`` = 100 ms each:
+    a first single run (the probe) gives the count of runs per repeat, so a 10 µs kernel runs ~10^4 times
+    per repeat while a 50 ms one runs twice; ``number`` is the least count. With ``enable_cpu_cache_flush`` the
     CPU caches are flushed of every argument but the first (the weights stay warm, as in a network)
     before each repeat, as Ansor does. Reported costs are the per-repeat means, in seconds.
+
+    Most of a search's candidates are far from the best, and a slow one would take the longest to time.
+    So each candidate is first run once; if that run is ``slow_factor`` times slower than the fastest
+    candidate of its task timed so far, that single run is its cost. Such a cost only has to rank it below
+    the good ones, and the batch's run phase no longer grows with its worst members.
     """
 
     number: int = 1
     repeat: int = 3
     min_repeat_ms: int = 100
     enable_cpu_cache_flush: bool = True
+    slow_factor: float = 5.0
 
 
 @dataclass
@@ -91,8 +98,12 @@ class Runner:
         self._references[handle.key] = outputs
         return RunReply((), int(ErrorNo.NO_ERROR), "", start, time.time(), self._node, outputs)
 
-    def run(self, handle: TaskHandle, lib: bytes, reference: Optional[tuple], config: RunConfig) -> RunReply:
-        """Check (if ``reference`` holds the reference outputs' ObjectRef) and time one candidate."""
+    def run(self, handle: TaskHandle, lib: bytes, reference: Optional[tuple], config: RunConfig,
+            best_cost: float = float("inf")) -> RunReply:
+        """Check (if ``reference`` holds the reference outputs' ObjectRef) and time one candidate.
+
+        ``best_cost``: seconds of the fastest candidate of this task timed so far (see ``slow_factor``).
+        """
         start = time.time()
         try:
             module = load_library(lib)
@@ -106,10 +117,16 @@ class Runner:
                 mismatch = _compare([a.numpy() for a in args], self._reference(handle.key, reference))
                 if mismatch:
                     return self._error(ErrorNo.WRONG_ANSWER, mismatch, start)
-            timer = module.time_evaluator("main", self._device, number=config.number, repeat=config.repeat,
-                                          min_repeat_ms=config.min_repeat_ms,
-                                          f_preproc=self._flush if config.enable_cpu_cache_flush else "")
-            costs = tuple(float(c) for c in timer(*args).results)
+            flush = self._flush if config.enable_cpu_cache_flush else ""
+            probe = module.time_evaluator("main", self._device, number=1, repeat=1, f_preproc=flush)
+            costs = tuple(float(c) for c in probe(*args).results)
+            if costs[0] <= config.slow_factor * best_cost:
+                # The count comes from the probe. TVM's own min_repeat_ms loop would re-run a whole repeat
+                # whenever it falls just short of the minimum, doubling the time spent on most candidates.
+                number = max(config.number, math.ceil(config.min_repeat_ms / 1000 / max(costs[0], 1e-9)))
+                timer = module.time_evaluator("main", self._device, number=number, repeat=config.repeat,
+                                              f_preproc=flush)
+                costs = tuple(float(c) for c in timer(*args).results)
         except Exception as err:
             return self._error(ErrorNo.RUNTIME_DEVICE, short_error(err), start)
         return RunReply(costs, int(ErrorNo.NO_ERROR), "", start, time.time(), self._node)

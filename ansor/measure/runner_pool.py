@@ -105,6 +105,7 @@ class RunnerPool:
     def __init__(self, config: RunConfig):
         self.config = config
         self._lanes: dict[tuple[str, str, int], _Lane] = {}
+        self._best: dict[str, float] = {}  # fastest cost timed so far, by task key (see RunConfig.slow_factor)
 
     def prepare(self, specs: Iterable[tuple[str, int]]) -> None:
         """Start the runners a batch will need ((device, threads) pairs) without waiting for them.
@@ -217,7 +218,8 @@ class RunnerPool:
         if job.is_reference:
             lane.call = actor.handle.reference.remote(job.handle, job.lib)
         else:
-            lane.call = actor.handle.run.remote(job.handle, job.lib, job.reference, self.config)
+            lane.call = actor.handle.run.remote(job.handle, job.lib, job.reference, self.config,
+                                                self._best.get(job.handle.key, float("inf")))
         lane.job, lane.actor, lane.started = job, actor, time.time()
         lane.deadline = time.monotonic() + (ACTOR_START_TIMEOUT if actor.ready is not None else job.timeout)
 
@@ -267,6 +269,9 @@ class RunnerPool:
         except ray.exceptions.RayError as err:  # an exception inside the runner: a bug, not the candidate
             reply = _failure(ErrorNo.UNKNOWN_ERROR, lane.node, lane.started, short_error(err))
         lane.job = lane.actor = lane.call = None
+        if reply.error_no == ErrorNo.NO_ERROR and reply.costs and not job.is_reference:
+            key = job.handle.key
+            self._best[key] = min(self._best.get(key, float("inf")), min(reply.costs))
         on_done(job, reply)
 
     def _on_deadline(self, lane: _Lane, queues: dict[str, deque[RunJob]], on_done: Done) -> None:

@@ -42,7 +42,7 @@ def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
 
     task = SearchTask.from_workload(wkl)
     t0 = time.time()
-    with ProgramMeasurer(repeat=3, min_repeat_ms=40) as measurer:
+    with ProgramMeasurer(repeat=3, min_repeat_ms=15) as measurer:
         result = auto_schedule(task, TuningOptions(num_measure_trials=trials, seed=seed), measurer,
                                XGBModel(seed=seed))
     wall = time.time() - t0
