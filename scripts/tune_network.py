@@ -128,6 +128,7 @@ def raise_no_tasks(net) -> None:
 def tune(args: argparse.Namespace, extraction, target, log_file: Path, table: "TaskTable") -> None:
     from ansor.cli import make_measurer, make_model
     from ansor.records import RecordWriter
+    from ansor.networks import default_candidates
     from ansor.task_scheduler import tune_tasks
 
     resume = args.resume and log_file.exists()
@@ -151,7 +152,8 @@ def tune(args: argparse.Namespace, extraction, target, log_file: Path, table: "T
     with RecordWriter(log_file) as writer, make_measurer(args, [writer.write, table.measured]) as measurer:
         tune_tasks(tasks, weights, args.n_trials, measurer, model, per_round=args.per_round,
                    strategy=args.strategy, early_stopping=args.early_stopping, seed=args.seed,
-                   resume_from=str(log_file) if resume else None, on_round=table.round_done)
+                   resume_from=str(log_file) if resume else None, on_round=table.round_done,
+                   first=[default_candidates(t) for t in tasks])
     table.stop()
     print(f"tuning: {table.used} trials ({table.resumed} resumed, {table.errors} failed) in "
           f"{time.time() - table.t0:.1f} s; log: {log_file}", file=sys.stderr)

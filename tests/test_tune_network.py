@@ -78,6 +78,22 @@ def test_tiny_network_end_to_end(tuned):
     assert "5 of 5 tasks use tuned schedules" in proc.stdout
 
 
+def test_each_task_measures_its_default_schedule_first(tuned):
+    from ansor.networks import default_state, extract_tasks, get_network
+    from ansor.records import load_records
+    from ansor.target import host_target
+
+    log, proc = tuned
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first: dict[str, tuple] = {}
+    for record in load_records(log):
+        first.setdefault(record.workload_key, record.steps)
+    tasks = extract_tasks(get_network("tiny-cnn", batch_size=1), host_target())
+    assert len(tasks) == TINY_TASKS
+    for t in tasks:  # the first measurement of every task is its default schedule: tuning never regresses
+        assert first[t.task.workload_key] == tuple(default_state(t.task).steps), t.task.desc
+
+
 def test_eval_only_applies_the_log_without_measuring(tuned, tmp_path):
     log = tmp_path / "tiny-cnn-b1.json"
     shutil.copy(tuned[0], log)

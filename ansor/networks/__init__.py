@@ -12,7 +12,7 @@ See ``docs/networks.md``.
 """
 
 from .apply_best import apply_best, apply_history_best, default_func, scheduled_func
-from .default_schedule import default_state, default_tir_schedule
+from .default_schedule import default_candidates, default_state, default_tir_schedule
 from .evaluate import (
     OutputComparison, Timing, build, check_against_default, compare_outputs, run, runtime_threads, time_network,
 )
@@ -24,7 +24,7 @@ from .registry import describe_network, get_network, network_names
 __all__ = [
     "Extraction", "Network", "NetworkError", "NetworkTask", "OutputComparison", "SkippedFunc", "TensorSpec",
     "Timing", "apply_best", "apply_history_best", "build", "check_against_default", "compare_outputs",
-    "default_func", "default_state", "default_tir_schedule", "describe_network", "extract", "extract_tasks",
-    "fuse", "get_network", "load_onnx", "network_names", "run", "runtime_threads", "scheduled_func",
+    "default_candidates", "default_func", "default_state", "default_tir_schedule", "describe_network",
+    "extract", "extract_tasks", "fuse", "get_network", "load_onnx", "network_names", "run", "runtime_threads", "scheduled_func",
     "time_network",
 ]

@@ -138,6 +138,14 @@ def _parallel_only(task: SearchTask) -> State:
     return state
 
 
+def default_candidates(task: SearchTask) -> list[State]:
+    """The default schedule as a first candidate for tuning (none if it does not fit the task)."""
+    try:
+        return [default_state(task)]
+    except AnsorError:
+        return []
+
+
 # ---------------------------------------------------------------------------------------------- raw TIR
 def default_tir_schedule(func: tvm.tirx.PrimFunc, num_cores: int) -> tvm.tirx.PrimFunc:
     """Parallel + vectorize with ``s_tir.Schedule`` directly, for PrimFuncs ComputeDAG cannot analyse.

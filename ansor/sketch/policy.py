@@ -37,7 +37,7 @@ class SketchPolicy:
     """Generates candidates for one task; learns nothing itself (the cost model does)."""
 
     def __init__(self, task: SearchTask, model: Scorer, seed: int = 0, params: Optional[SearchParams] = None,
-                 extra_rules: Sequence[SketchRule] = ()):
+                 extra_rules: Sequence[SketchRule] = (), first: Sequence[State] = ()):
         self.task = task
         self.model = model
         self.rng = random.Random(seed)
@@ -46,6 +46,7 @@ class SketchPolicy:
         self.measured: set = set()
         self._best: list[tuple[float, int, State]] = []  # the 64 fastest: a min-heap on -cost pops the slowest
         self._counter = 0
+        self._first = list(first)  # proposed before anything searched, e.g. a network task's default schedule
         logger.info("%s: %d sketches", task.desc, len(self.sketches))
 
     def record(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
@@ -60,6 +61,15 @@ class SketchPolicy:
 
     def next_batch(self, n: int) -> list[State]:
         """Up to ``n`` new programs to measure (fewer when the search space is exhausted)."""
+        batch: list[State] = []
+        keys: set = set()
+        while self._first and len(batch) < n:
+            state = self._first.pop(0)
+            if state.key() not in self.measured and state.key() not in keys:
+                keys.add(state.key())
+                batch.append(state)
+        if len(batch) == n:
+            return batch
         p = self.params
         population = sample_initial_population(self.task, self.sketches, p.init_population, self.rng,
                                                exclude=self.measured)
@@ -67,10 +77,8 @@ class SketchPolicy:
         n_seed = int(p.init_population * p.use_measured_ratio)
         population += seeds[:n_seed]
         n_random = max(0, int(round(n * p.eps_greedy))) if self.measured else 0
-        evolved = evolutionary_search(self.task, self.model, population, 2 * n, self.measured, self.rng,
+        evolved = evolutionary_search(self.task, self.model, population, 2 * n, self.measured | keys, self.rng,
                                       p.evolution)
-        batch: list[State] = []
-        keys: set = set()
         for _, state in evolved:
             if len(batch) >= n - n_random:
                 break

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from ..measure.types import MAX_COST, MeasureInput
+from ..loop_state import State
 from ..records import load_records
 from ..search_task import SearchTask
 from ..sketch.policy import SearchParams, SketchPolicy
@@ -138,11 +139,18 @@ class SchedulerRound:
 def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: int, measurer, model,
                per_round: int = 16, strategy: str = "gradient", early_stopping: Optional[int] = None,
                seed: int = 0, search: Optional[SearchParams] = None, resume_from: Optional[str] = None,
-               on_round: Optional[Callable[[SchedulerRound], None]] = None) -> Allocator:
-    """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator."""
+               on_round: Optional[Callable[[SchedulerRound], None]] = None,
+               first: Optional[Sequence[Sequence[State]]] = None) -> Allocator:
+    """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator.
+
+    ``first[i]``: states of task ``i`` measured in its first round, before anything searched. A network
+    passes each task's default schedule, so a tuned task is never slower than its untuned build.
+    """
     states = [TaskState(float(w), t.flop_ct, tag=_tag(t)) for t, w in zip(tasks, weights)]
     alloc = Allocator(states, strategy=strategy, early_stopping=early_stopping, seed=seed)
-    policies = [SketchPolicy(t, model, seed=seed + i, params=search) for i, t in enumerate(tasks)]
+    firsts = list(first) if first is not None else [()] * len(tasks)
+    policies = [SketchPolicy(t, model, seed=seed + i, params=search, first=f)
+                for i, (t, f) in enumerate(zip(tasks, firsts))]
     used = 0
     if resume_from:
         used = _resume(tasks, policies, alloc, model, resume_from)
