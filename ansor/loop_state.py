@@ -342,6 +342,11 @@ def _apply_compute_at(state: State, step: ComputeAtStep) -> None:
         raise StepError(f"stage {step.stage_id} ({stage.name}) has other producers ({producers}) that would "
                         f"not be under stage {step.target_stage_id}'s loop")
     inner = [it.parts for it in target.iters[step.target_iter_id + 1:]]
+    if _scope_of(state, stage.block.writes[0].buffer) == "shared":
+        # TensorIR sizes a shared buffer for the whole thread block: loops already bound to threads or
+        # vthreads above the attach point are walked in full (that is what makes cooperative fetching).
+        inner += [it.parts for it in target.iters[:step.target_iter_id + 1]
+                  if it.annotation.startswith(("threadIdx", "vthread"))]
     ranges = var_ranges(target.block, inner)
     written = set(stage.block.write_buffers())
     shared = [b for b in target.block.read_buffers() if b in written]
@@ -373,6 +378,14 @@ def _apply_compute_at(state: State, step: ComputeAtStep) -> None:
         iters.append(Iterator(f"ax{k}", extent, v.kind, parts=(LoopPart(v.name, 1, extent),)))
     _set_stage(state, step.stage_id, replace(stage, iters=tuple(iters), compute_at=ATTACHED,
                                              attach=(step.target_stage_id, step.target_iter_id)))
+
+
+def _scope_of(state: State, buffer: str) -> str:
+    """Storage scope of a buffer: the scope of the cache step that made it, else global."""
+    for step in state.steps:
+        if isinstance(step, CacheReadStep) and f"{step.buffer}_{step.scope}" == buffer:
+            return step.scope
+    return "global"
 
 
 def _apply_compute_inline(state: State, step: ComputeInlineStep) -> None:

@@ -123,7 +123,7 @@ def _apply(sch: tvm.s_tir.Schedule, state: State, blocks: list, step: Step) -> N
         elif step.annotation == "unroll":
             P.unroll(sch, loop)
         elif step.annotation in _THREAD_AXES:
-            P.bind(sch, loop, step.annotation)
+            P.bind(sch, loop, "vthread.x" if step.annotation == "vthread" else step.annotation)
     elif isinstance(step, PragmaStep):
         loop = _own_loops(sch, state, blocks, sid)[step.iter_id]
         name, _, value = step.pragma.partition("$")

@@ -108,20 +108,34 @@ class HardwareParams:
         return HardwareParams(*values)
 
 
+#: Static shared memory a CUDA block may use (48 KiB on every architecture since sm_20; more needs the
+#: dynamic, opt-in kind, which TVM's static allocations do not use).
+CUDA_SHARED_MEMORY_PER_BLOCK = 48 * 1024
+#: Streaming multiprocessors by compute capability (the flagship part of each generation), used as the GPU's
+#: "core count" when the target does not say.
+_CUDA_SM_COUNT = {"sm_60": 56, "sm_70": 80, "sm_75": 40, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_90": 132}
+
+
+def _cuda_params(target: tvm.target.Target) -> HardwareParams:
+    """CUDA limits: from the target's attributes where it has them (tags such as ``nvidia/a100`` do), else
+    the values every architecture since sm_30 shares. ``max_vthread_extent`` is Ansor's ``warp_size / 4``."""
+    attrs = target.attrs
+    warp = int(attrs.get("thread_warp_size", 32))
+    return HardwareParams(
+        num_cores=int(attrs.get("multi_processor_count", _CUDA_SM_COUNT.get(str(attrs.get("arch", "")), 80))),
+        vector_unit_bytes=16,
+        max_shared_memory_per_block=int(attrs.get("max_shared_memory_per_block", CUDA_SHARED_MEMORY_PER_BLOCK)),
+        max_local_memory_per_block=2 ** 31 - 1,  # unbounded, as in Ansor: nvcc spills what does not fit
+        max_threads_per_block=int(attrs.get("max_num_threads", 1024)),
+        max_vthread_extent=warp // 4,
+        warp_size=warp,
+    )
+
+
 def hardware_params(target: tvm.target.Target, overrides: Optional[dict[str, int]] = None) -> HardwareParams:
     """Hardware parameters of ``target``: from its attributes, the LLVM CPU features, or CUDA defaults."""
     if is_gpu(target):
-        attrs = target.attrs
-        params = HardwareParams(
-            num_cores=int(attrs.get("multi_processor_count", 1) if hasattr(attrs, "get") else 1),
-            vector_unit_bytes=16,
-            max_shared_memory_per_block=int(attrs["max_shared_memory_per_block"])
-            if "max_shared_memory_per_block" in attrs else 48 * 1024,
-            max_local_memory_per_block=2 ** 31 - 1,
-            max_threads_per_block=int(attrs["max_num_threads"]) if "max_num_threads" in attrs else 1024,
-            max_vthread_extent=8,
-            warp_size=int(attrs["thread_warp_size"]) if "thread_warp_size" in attrs else 32,
-        )
+        params = _cuda_params(target)
     else:
         cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else physical_cores()
         vector = 16

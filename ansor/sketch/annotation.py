@@ -22,6 +22,8 @@ from .rules import has_reduce_iter, is_output, needs_multi_level_tiling
 MAX_INNERMOST_FACTOR = 64
 MAX_VECTORIZE_LANES = 64
 CPU_UNROLL_STEPS = (0, 16, 64, 512)
+#: Ansor's GPU auto-unroll limits.
+GPU_UNROLL_STEPS = (0, 16, 64, 512, 1024)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -144,7 +146,7 @@ def annotate_unroll(state: State, rng: random.Random, task: SearchTask) -> None:
     """An auto-unroll pragma with a random step limit on every stage that reduces."""
     for stage_id, stage in enumerate(state.stages):
         if stage.compute_at != INLINED and stage.iters and has_reduce_iter(state, stage_id):
-            value = rng.choice(CPU_UNROLL_STEPS if not is_gpu(task.target) else (0, 16, 64, 512, 1024))
+            value = rng.choice(GPU_UNROLL_STEPS if is_gpu(task.target) else CPU_UNROLL_STEPS)
             state.pragma(stage_id, 0, f"auto_unroll_max_step${value}")
 
 
@@ -216,6 +218,9 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
 
 def sample_program(task: SearchTask, sketch: State, rng: random.Random) -> Optional[State]:
     """One complete random program from ``sketch`` (None if the random choices were illegal)."""
+    if is_gpu(task.target):
+        from .gpu_annotation import sample_gpu_program  # it builds on this module's helpers
+        return sample_gpu_program(task, sketch, rng)
     try:
         state = fill_tile_sizes(sketch, rng)
         state = change_compute_location(state, rng)

@@ -19,7 +19,10 @@ from ..loop_state import State
 from ..search_task import SearchTask
 from ..target import is_gpu
 from ..transform_steps import ComputeAtStep, PragmaStep, SplitStep, Step
-from .annotation import CPU_UNROLL_STEPS, MAX_INNERMOST_FACTOR, _divisors, compute_location_candidates
+from .annotation import (
+    CPU_UNROLL_STEPS, GPU_UNROLL_STEPS, MAX_INNERMOST_FACTOR, _divisors, compute_location_candidates,
+)
+from .gpu_annotation import fits_gpu
 
 logger = logging.getLogger("ansor")
 
@@ -30,7 +33,11 @@ class Scorer(Protocol):
 
 @dataclass(frozen=True)
 class EvolutionParams:
-    """Population size and generations trade search time for quality; Ansor used 2048 x 4."""
+    """Population size and generations trade search time for quality; Ansor used 2048 x 4.
+
+    On GPU, Ansor mutates only tile sizes (0.90) and the unroll limit (0.10): the unroll share there is
+    ``p_unroll + p_compute_location`` and compute locations are never mutated (the sketch fixed them).
+    """
 
     population: int = 256
     generations: int = 3
@@ -62,7 +69,8 @@ def mutate_tile_size(task: SearchTask, state: State, rng: random.Random) -> Opti
     levels[src] //= factor
     levels[dst] *= factor
     lengths = tuple(levels[1:]) if step.inner_to_outer else tuple(levels[:-1])
-    if lengths[-1] > MAX_INNERMOST_FACTOR:  # type: ignore[operator]
+    thread_count = is_gpu(task.target) and len(lengths) == 1  # a GPU thread split: limited by fits_gpu
+    if lengths[-1] > MAX_INNERMOST_FACTOR and not thread_count:  # type: ignore[operator]
         return None
     return _replace_step(state, idx, SplitStep(step.stage_id, step.iter_id, step.extent, lengths,
                                                step.inner_to_outer))
@@ -75,7 +83,7 @@ def mutate_unroll(task: SearchTask, state: State, rng: random.Random) -> Optiona
         return None
     i = rng.choice(idx)
     step: PragmaStep = state.steps[i]  # type: ignore[assignment]
-    values = (0, 16, 64, 512, 1024) if is_gpu(task.target) else CPU_UNROLL_STEPS
+    values = GPU_UNROLL_STEPS if is_gpu(task.target) else CPU_UNROLL_STEPS
     value = rng.choice([v for v in values if f"auto_unroll_max_step${v}" != step.pragma])
     return _replace_step(state, i, PragmaStep(step.stage_id, step.iter_id, f"auto_unroll_max_step${value}"))
 
@@ -113,10 +121,14 @@ def evolutionary_search(task: SearchTask, model: Scorer, population: list[State]
                         exclude: set, rng: random.Random, params: EvolutionParams = EvolutionParams()
                         ) -> list[tuple[float, State]]:
     """The ``out_size`` best-scored programs found, none of them in ``exclude`` (best first)."""
+    gpu = is_gpu(task.target)
     rules: list[tuple[float, Mutation]] = [
         (params.p_tile_size, mutate_tile_size),
         (params.p_unroll, mutate_unroll),
         (params.p_compute_location, mutate_compute_location),
+    ] if not gpu else [
+        (params.p_tile_size, mutate_tile_size),
+        (params.p_unroll + params.p_compute_location, mutate_unroll),
     ]
     weights = [w for w, _ in rules]
     best: dict = {}
@@ -145,6 +157,8 @@ def evolutionary_search(task: SearchTask, model: Scorer, population: list[State]
             if rng.random() < params.mutation_prob:
                 mutate = rng.choices(rules, weights=weights)[0][1]
                 child = mutate(task, parent, rng)
+                if child is not None and gpu and not fits_gpu(task, child):
+                    child = None  # over a block limit: it would be dropped before measurement anyway
             if child is None or child.key() in seen:
                 continue
             seen.add(child.key())

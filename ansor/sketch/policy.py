@@ -16,8 +16,10 @@ from typing import Optional, Sequence
 from ..loop_state import State
 from ..measure.types import MeasureInput, MeasureResult
 from ..search_task import SearchTask
+from ..target import is_gpu
 from .annotation import sample_initial_population
 from .evolution import EvolutionParams, Scorer, evolutionary_search
+from .gpu_verify import verify_gpu
 from .rules import SketchRule, generate_sketches
 
 logger = logging.getLogger("ansor")
@@ -88,4 +90,18 @@ class SketchPolicy:
         for state in sample_initial_population(self.task, self.sketches, n - len(batch), self.rng,
                                                exclude=self.measured | keys):
             batch.append(state)
-        return batch
+        return self._drop_invalid_gpu(batch)
+
+    def _drop_invalid_gpu(self, batch: list[State]) -> list[State]:
+        """On GPU, run TVM's GPU verifier on what is about to be measured and drop what fails it."""
+        if not is_gpu(self.task.target):
+            return batch
+        kept = []
+        for state in batch:
+            reason = verify_gpu(self.task, state)
+            if reason is None:
+                kept.append(state)
+            else:
+                self.measured.add(state.key())  # never propose it again
+                logger.debug("%s: dropped a program before measurement: %s", self.task.desc, reason)
+        return kept

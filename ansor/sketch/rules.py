@@ -209,7 +209,7 @@ class AddCacheWrite(SketchRule):
     def condition(self, task, state, stage_id):
         if needs_multi_level_tiling(state, stage_id) and single_elementwise_consumer(state, stage_id) is None \
                 and state.stages[stage_id].compute_at == ROOT and not has_cache_write_stage(state, stage_id):
-            return Cond.APPLY_AND_SKIP_REST if is_gpu(task.target) else Cond.APPLY
+            return Cond.APPLY
         return Cond.PASS
 
     def apply(self, task, state, stage_id):
@@ -219,25 +219,24 @@ class AddCacheWrite(SketchRule):
 
 
 class MultiLevelTilingWithFusion(SketchRule):
-    """Tile the stage and fuse its element-wise consumer under tile level 1 or 2 (CPU) / 3 (GPU)."""
+    """Tile the stage and fuse its element-wise consumer under tile level 1 or 2."""
 
     name = "multi_level_tiling_with_fusion"
 
     def condition(self, task, state, stage_id):
         if needs_multi_level_tiling(state, stage_id) and single_elementwise_consumer(state, stage_id) is not None:
-            if has_cache_write_stage(state, stage_id) or is_gpu(task.target):
+            if has_cache_write_stage(state, stage_id):
                 return Cond.APPLY_AND_SKIP_REST
             return Cond.APPLY
         return Cond.PASS
 
     def apply(self, task, state, stage_id):
-        structure = tiling_structure(task)
         consumer = single_elementwise_consumer(state, stage_id)
-        base, _, level_ends = multi_level_tiling(state, stage_id, structure)
+        base, _, level_ends = multi_level_tiling(state, stage_id, CPU_STRUCTURE)
         out = []
-        for level in ((3,) if is_gpu(task.target) else (1, 2)):
+        for level in (1, 2):
             s = base.copy()
-            s.compute_at(consumer, stage_id, spatial_level_end(structure, level_ends, level))
+            s.compute_at(consumer, stage_id, spatial_level_end(CPU_STRUCTURE, level_ends, level))
             out.append((s, stage_id - 1))
         return out
 
@@ -249,7 +248,7 @@ class MultiLevelTiling(SketchRule):
         return Cond.APPLY_AND_SKIP_REST if needs_multi_level_tiling(state, stage_id) else Cond.PASS
 
     def apply(self, task, state, stage_id):
-        s, _, _ = multi_level_tiling(state, stage_id, tiling_structure(task))
+        s, _, _ = multi_level_tiling(state, stage_id, CPU_STRUCTURE)
         return [(s, stage_id - 1)]
 
 
@@ -263,9 +262,8 @@ class SkipStage(SketchRule):
         return [(state, stage_id - 1)]
 
 
-def tiling_structure(task: SearchTask) -> str:
-    return "SSSRRSRS" if is_gpu(task.target) else "SSRSRS"
-
+#: Ansor's CPU tiling structure (the GPU one is in :mod:`ansor.sketch.gpu_rules`).
+CPU_STRUCTURE = "SSRSRS"
 
 CPU_RULES: tuple[SketchRule, ...] = (
     AlwaysInline(), AddRfactor(), AddCacheWrite(), MultiLevelTilingWithFusion(), MultiLevelTiling(), SkipStage(),
@@ -277,8 +275,11 @@ def generate_sketches(task: SearchTask, rules: Optional[tuple[SketchRule, ...]] 
     """All sketches of ``task``: each rule list walk from the last stage to the first.
 
     ``extra_rules`` run before the built-in ones (a user rule returning APPLY_AND_SKIP_REST replaces them
-    for the stages it claims).
+    for the stages it claims). The built-in rules are the CPU ones, or the CUDA ones for a GPU target.
     """
+    if rules is None and is_gpu(task.target):
+        from .gpu_rules import GPU_RULES  # gpu_rules builds on this module's rules
+        rules = GPU_RULES
     rules = tuple(extra_rules) + tuple(rules or CPU_RULES)
     init = task.compute_dag.init_state()
     frontier: list[tuple[State, int]] = [(init, len(init.stages) - 1)]

@@ -1,0 +1,108 @@
+"""TVM's GPU code verification, run on a replayed state before it can reach a GPU.
+
+A CUDA kernel that asks for more threads, shared memory or vector width than the device has fails at
+launch, after a build and a trip to the GPU node. We lower the replayed schedule just far enough for TVM's
+verifier (``tvm.s_tir.analysis.verify_gpu_code``) to see the real allocations and thread extents, and
+check them against the task's :class:`~ansor.target.HardwareParams`. It costs a few milliseconds, so the
+search runs the pure-Python :func:`~ansor.sketch.gpu_annotation.fits_gpu` first and this only on what is
+about to be measured.
+
+The lowering passes are the front of TVM's default pipeline (``tvm.s_tir.pipeline``), up to storage
+rewriting: the point where allocations have their final sizes and vthreads have been injected.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import tvm
+from tvm import s_tir, tirx
+
+from ..errors import StepError
+from ..loop_state import ROOT, State
+from ..search_task import SearchTask
+
+logger = logging.getLogger("ansor")
+
+
+def _lowering() -> tvm.transform.Pass:
+    return tvm.transform.Sequential([
+        s_tir.transform.CanonicalizeLoop(),
+        s_tir.transform.LowerCrossThreadReduction(),
+        s_tir.transform.LowerInitBlock(),
+        s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+        s_tir.transform.ConvertBlocksToOpaque(),
+        s_tir.transform.LiftThreadBinding(),
+        s_tir.transform.CompactBufferAllocation(),
+        s_tir.transform.UnifyThreadBinding(),
+        s_tir.transform.LowerMatchBuffer(),
+        s_tir.transform.StmtSimplify(),
+        s_tir.transform.LowerOpaqueBlock(),
+        tirx.transform.FlattenBuffer(),
+        tirx.transform.NarrowDataType(32),
+        tirx.transform.VectorizeLoop(True),
+        s_tir.transform.InjectVirtualThread(),
+        tirx.transform.StorageRewrite(),
+    ])
+
+
+def gpu_constraints(task: SearchTask) -> dict[str, int]:
+    """The limits ``verify_gpu_code`` checks, from the task's hardware parameters."""
+    hw = task.hardware_params
+    return {
+        "max_threads_per_block": hw.max_threads_per_block,
+        "max_thread_x": hw.max_threads_per_block,
+        "max_thread_y": hw.max_threads_per_block,
+        "max_thread_z": 64,
+        "max_shared_memory_per_block": hw.max_shared_memory_per_block,
+        "max_local_memory_per_block": hw.max_local_memory_per_block,
+        "max_vthread": hw.max_vthread_extent,
+        "max_vector_bytes": hw.vector_unit_bytes,
+    }
+
+
+def verify_gpu(task: SearchTask, state: State) -> Optional[str]:
+    """None if ``state`` replays and passes TVM's GPU verification, else the reason it does not."""
+    try:
+        mod = task.compute_dag.replay(state).mod
+    except StepError as err:
+        return str(err)
+    try:
+        with task.target:
+            lowered = _lowering()(mod)
+    except Exception as err:  # TVM reports lowering failures as several error types
+        return f"lowering failed: {str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__}"
+    constraints = gpu_constraints(task)
+    for gvar, func in lowered.functions.items():
+        if isinstance(func, tirx.PrimFunc) and not s_tir.analysis.verify_gpu_code(func, constraints):
+            return f"{gvar.name_hint} exceeds the GPU limits {constraints}"
+    return None
+
+
+def launch_dims(state: State) -> list[dict]:
+    """Grid and block size of each kernel of a CUDA state, from its thread bindings (outer to inner).
+
+    One entry per root stage that is not inlined, in program order: ``{"stage", "grid", "block",
+    "vthread"}`` with ``grid`` and ``block`` as ``[x, y, z]``.
+    """
+    out = []
+    for sid, stage in enumerate(state.stages):
+        if stage.compute_at != ROOT:
+            continue
+        grid, block = [1, 1, 1], [1, 1, 1]
+        vthread = 1
+        todo = [sid]
+        while todo:
+            k = todo.pop()
+            todo.extend(state.attached_to(k))
+            for it in state.stages[k].iters:
+                tag, extent = it.annotation, it.extent or 1
+                if tag.startswith(("blockIdx.", "threadIdx.")):
+                    dims = grid if tag.startswith("blockIdx.") else block
+                    axis = "xyz".index(tag[-1])
+                    dims[axis] = max(dims[axis], extent)
+                elif tag == "vthread":
+                    vthread *= extent
+        out.append({"stage": stage.name, "grid": grid, "block": block, "vthread": vthread})
+    return out
