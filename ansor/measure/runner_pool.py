@@ -41,10 +41,28 @@ logger = logging.getLogger("ansor")
 ACTOR_START_TIMEOUT = 120.0
 #: Seconds to wait for a node's CPUs to become free for the run phase (someone else's builds may hold them).
 LEASE_TIMEOUT = 120.0
+#: Seconds a cancelled CPU reservation may take to end before its worker is killed.
+RELEASE_TIMEOUT = 2.0
 #: How many times a job may lose its node before it is recorded as an error.
 MAX_NODE_LOSSES = 2
 
 _RunnerActor = ray.remote(Runner)
+
+
+def _release(leases: list[ray.ObjectRefGenerator]) -> None:
+    """End the CPU reservations and wait until they are gone, so the next batch's builds can start.
+
+    A cancel normally ends a hold within milliseconds, but one that reaches the task while Ray is still
+    handing over its first item can be lost; the hold would then keep the node's CPUs, and every later
+    build would wait for a worker until it timed out. A hold that outlives the polite cancel is killed.
+    """
+    for gen in leases:
+        ray.cancel(gen)
+    ends = {gen.completed(): gen for gen in leases}
+    _, stuck = ray.wait(list(ends), num_returns=len(ends), timeout=RELEASE_TIMEOUT)
+    for ref in stuck:
+        logger.debug("a CPU reservation ignored its cancel; killing it")
+        ray.cancel(ends[ref], force=True)
 
 
 @ray.remote(num_returns="streaming", max_retries=0)
@@ -142,8 +160,7 @@ class RunnerPool:
                     leases[gen].dead = True
             yield
         finally:
-            for gen in leases:
-                ray.cancel(gen)
+            _release(list(leases))
 
     def run(self, jobs: Iterable[RunJob], on_done: Done) -> None:
         """Run every job; ``on_done(job, reply)`` is called exactly once per job, as it finishes."""
