@@ -10,7 +10,7 @@ import tvm
 from ansor import apply
 from ansor.search_task import SearchTask
 from ansor.sketch.annotation import factorizations, sample_initial_population
-from ansor.sketch.evolution import evolutionary_search, mutate_tile_size
+from ansor.sketch.evolution import evolutionary_search, mutate_parallel, mutate_tile_size
 from ansor.sketch.rules import Cond, SketchRule, generate_sketches
 from ansor.workloads import get_workload
 
@@ -116,6 +116,29 @@ def test_mutation_keeps_the_tile_product():
                     assert np.prod(spans) == v.extent
         changed += 1
     assert changed >= 20
+
+
+@pytest.mark.parametrize("wkl", ["matmul-512", "conv2d-bias-relu"])
+def test_parallel_mutation_changes_the_parallel_loop_and_stays_valid(wkl):
+    task = SearchTask.from_workload(wkl)
+    rng = random.Random(7)
+
+    def parallel_extents(state):
+        return [it.extent for stage in state.stages for it in stage.iters if it.annotation == "parallel"]
+
+    changed = 0
+    for state in sample_initial_population(task, generate_sketches(task), 12, rng):
+        child = mutate_parallel(task, state, rng)
+        if child is None:
+            continue
+        assert parallel_extents(child) != parallel_extents(state)
+        task.compute_dag.replay(child, verify=True)  # TensorIR builds the same loops as the State
+        changed += 1
+    assert changed >= 6
+    args = apply.random_inputs(task, seed=2)
+    got = apply.run(task, apply.build(task, child), args)
+    want = apply.run(task, apply.build(task, None), args)
+    np.testing.assert_allclose(got[-1], want[-1], rtol=1e-4, atol=1e-4)
 
 
 def test_evolution_finds_what_the_scorer_likes_and_skips_excluded():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
@@ -18,7 +18,7 @@ from ..errors import StepError
 from ..loop_state import State
 from ..search_task import SearchTask
 from ..target import is_gpu
-from ..transform_steps import ComputeAtStep, PragmaStep, SplitStep, Step
+from ..transform_steps import AnnotationStep, ComputeAtStep, FuseStep, PragmaStep, SplitStep, Step
 from .annotation import (
     CPU_UNROLL_STEPS, GPU_UNROLL_STEPS, MAX_INNERMOST_FACTOR, _divisors, compute_location_candidates,
 )
@@ -42,10 +42,11 @@ class EvolutionParams:
     population: int = 256
     generations: int = 3
     mutation_prob: float = 0.85
-    #: probabilities of Ansor's CPU mutation rules (parallel mutation is folded into tile size here)
+    #: probabilities of Ansor's CPU mutation rules
     p_tile_size: float = 0.90
     p_unroll: float = 0.04
     p_compute_location: float = 0.05
+    p_parallel: float = 0.01
 
 
 def mutate_tile_size(task: SearchTask, state: State, rng: random.Random) -> Optional[State]:
@@ -105,6 +106,62 @@ def mutate_compute_location(task: SearchTask, state: State, rng: random.Random) 
     return _replace_step(state, i, ComputeAtStep(step.stage_id, target, iter_id))
 
 
+def mutate_parallel(task: SearchTask, state: State, rng: random.Random) -> Optional[State]:
+    """Fuse more or fewer outer loops into a stage's parallel loop (Ansor's parallel mutation).
+
+    Tile sizes set how long the outer loops are; this sets how many of them share the threads, e.g. only
+    the rows of blocks, or rows and columns. Later steps of the stage are renumbered to the new loops.
+    """
+    steps = state.steps
+    idx = [i for i, s in enumerate(steps)
+           if isinstance(s, AnnotationStep) and s.annotation == "parallel" and s.iter_id == 0]
+    if not idx:
+        return None
+    i = rng.choice(idx)
+    sid = steps[i].stage_id
+    prev = steps[i - 1] if i else None
+    fused = isinstance(prev, FuseStep) and prev.stage_id == sid and prev.fused_ids == tuple(range(len(prev.fused_ids)))
+    k, start = (len(prev.fused_ids), i - 1) if fused else (1, i)  # type: ignore[union-attr]
+    before = state.with_steps(steps[:start])
+    attached = {before.stages[c].attach[1] for c in before.attached_to(sid)}
+    degrees = [1]  # degrees[m]: parallelism with the first m loops fused; spatial, plain, up to an attach point
+    for j, it in enumerate(before.stages[sid].iters):
+        if it.kind != "S" or it.annotation != "none" or it.extent is None:
+            break
+        degrees.append(degrees[-1] * it.extent)
+        if j in attached:
+            break
+    options = [m for m in range(1, len(degrees)) if degrees[m] != degrees[k]] if k < len(degrees) else []
+    if not options:
+        return None
+    new_k = rng.choice(options)
+    fuse = [FuseStep(sid, tuple(range(new_k)))] if new_k > 1 else []
+    head = [*steps[:start], *fuse, AnnotationStep(sid, 0, "parallel")]
+    tail = [_shift_iters(s, sid, k - new_k) for s in steps[i + 1:]]
+    if any(s is None for s in tail):
+        return None
+    try:
+        return state.with_steps(head + tail)  # type: ignore[operator]
+    except StepError:
+        return None
+
+
+def _shift_iters(step: Step, stage_id: int, delta: int) -> Optional[Step]:
+    """``step`` with the loops of ``stage_id`` after its first moved by ``delta`` (None: cannot renumber)."""
+    def shift(k: int) -> int:
+        return k + delta if k >= 1 else k
+
+    if isinstance(step, ComputeAtStep):
+        return replace(step, target_iter_id=shift(step.target_iter_id)) if step.target_stage_id == stage_id else step
+    if step.stage_id != stage_id:
+        return step
+    if isinstance(step, (AnnotationStep, PragmaStep, SplitStep)):
+        return replace(step, iter_id=shift(step.iter_id))
+    if isinstance(step, FuseStep):
+        return replace(step, fused_ids=tuple(shift(k) for k in step.fused_ids))
+    return None
+
+
 def _replace_step(state: State, index: int, step: Step) -> Optional[State]:
     steps = list(state.steps)
     steps[index] = step
@@ -126,6 +183,7 @@ def evolutionary_search(task: SearchTask, model: Scorer, population: list[State]
         (params.p_tile_size, mutate_tile_size),
         (params.p_unroll, mutate_unroll),
         (params.p_compute_location, mutate_compute_location),
+        (params.p_parallel, mutate_parallel),
     ] if not gpu else [
         (params.p_tile_size, mutate_tile_size),
         (params.p_unroll + params.p_compute_location, mutate_unroll),
