@@ -3,6 +3,7 @@
   python scripts/bench/bench_tune.py                                  # matmul-512 and C2 at 64 and 256 trials
   python scripts/bench/bench_tune.py --wkl matmul-512 --trials 64     # one quick comparison
   python scripts/bench/bench_tune.py --skip-metaschedule              # ours only
+  python scripts/bench/bench_tune.py --trials 64 --seeds 0 1 2        # mean of three runs per tuner
 
 Every contender runs in its own block with a pause in between (TVM's and OpenBLAS's pool threads spin
 after a call and would steal each other's cores), with TVM_NUM_THREADS = the target's cores. The best
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -101,7 +103,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wkl", nargs="+", default=["matmul-512", "nhwc-resnet-50.C2"], help="workloads")
     parser.add_argument("--trials", nargs="+", type=int, default=[64, 256], help="trial budgets")
-    parser.add_argument("--seed", type=int, default=0, help="seed for both tuners")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
+                        help="seeds; each tuner runs once per seed and the table shows the mean (default 0)")
     parser.add_argument("--pause", type=float, default=3.0, help="seconds between contenders (default 3)")
     parser.add_argument("--skip-metaschedule", action="store_true", help="only ansor and numpy")
     args = parser.parse_args()
@@ -117,15 +120,20 @@ def main() -> int:
         g, w, note = time_numpy(wkl)
         rows.append(Row(wkl, 0, "numpy", g, w, note))
         for trials in args.trials:
-            time.sleep(args.pause)
-            g, w, note = time_ours(wkl, trials, args.seed)
-            rows.append(Row(wkl, trials, "ansor", g, w, note))
-            print(f"{wkl} {trials} ansor {g:.1f} GFLOPS in {w:.1f} s", flush=True)
-            if not args.skip_metaschedule:
-                time.sleep(args.pause)
-                g, w, note = time_metaschedule(wkl, trials, args.seed)
-                rows.append(Row(wkl, trials, "metaschedule", g, w, note))
-                print(f"{wkl} {trials} metaschedule {g:.1f} GFLOPS in {w:.1f} s", flush=True)
+            contenders = [("ansor", time_ours)] + ([] if args.skip_metaschedule else [("metaschedule",
+                                                                                       time_metaschedule)])
+            runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name, _ in contenders}
+            for seed in args.seeds:
+                for name, tune in contenders:
+                    time.sleep(args.pause)
+                    runs[name].append(tune(wkl, trials, seed))
+                    print(f"{wkl} {trials} {name} seed {seed}: {runs[name][-1][0]:.1f} GFLOPS in "
+                          f"{runs[name][-1][1]:.1f} s", flush=True)
+            for name, got in runs.items():
+                per_seed = " ".join(f"{g:.0f}" for g, _, _ in got)
+                note = got[-1][2] + (f"; seeds {args.seeds}: {per_seed}" if len(got) > 1 else "")
+                rows.append(Row(wkl, trials, name, statistics.mean(g for g, _, _ in got),
+                                statistics.mean(w for _, w, _ in got), note))
 
     print()
     print(f"{'workload':<20}{'trials':>7} {'contender':<14}{'GFLOPS':>9}{'of peak':>9}{'vs numpy':>9}"
