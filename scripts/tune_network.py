@@ -176,10 +176,32 @@ def report(args: argparse.Namespace, net, extraction, target, log_file: Path, ta
     print(f"Output check: tuned == default build (max |difference| {cmp_.max_abs_error:.3g}, allowed "
           f"{cmp_.atol + cmp_.rtol * cmp_.scale:.3g})")
     print(f"Mean inference time (std dev): {ev.tuned.mean_ms:.3f} ms ({ev.tuned.std_ms:.3f} ms)")
-    print(timing_table([("default build", ev.default), ("tuned", ev.tuned)]))
+    torch_timing = pytorch_eager(net, target, args.repeat, ev.tuned.num_threads)
+    rows = [("default build", ev.default), ("tuned", ev.tuned)]
+    print(timing_table(rows + ([("pytorch eager", torch_timing)] if torch_timing else [])))
     print(f"Speedup (mean): {ev.speedup:.2f}x; {ev.tuned_tasks} of {ev.n_tasks} tasks use tuned schedules, "
           f"the rest default schedules; {ev.tuned.repeats} repeats, {ev.tuned.num_threads} TVM threads")
+    if torch_timing:
+        print(f"Speedup over PyTorch eager (mean): {torch_timing.mean_ms / ev.tuned.mean_ms:.2f}x "
+              f"({torch_timing.num_threads} PyTorch threads)")
     return 0
+
+
+def pytorch_eager(net, target, repeat: int, tvm_threads: int):
+    """PyTorch eager timing of ``net`` (a :class:`~ansor.networks.Timing`), the baseline of Ansor's tables.
+
+    ``None`` when torch is not installed (it is optional), the network has no PyTorch definition
+    (``tiny-cnn``, ONNX models), or the target is a GPU (PyTorch here runs on the CPU). PyTorch gets the
+    target's core count as its thread count (TVM's thread count if the target names none).
+    """
+    from ansor.networks.torch_baseline import has_torch_definition, time_torch, torch_available
+    from ansor.target import is_gpu
+
+    if is_gpu(target) or not has_torch_definition(net) or not torch_available():
+        return None
+    cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else tvm_threads
+    print(f"timing PyTorch eager with {cores} threads ...", file=sys.stderr, flush=True)
+    return time_torch(net.name, net.batch_size, threads=cores, repeat=repeat)
 
 
 class TaskTable:
