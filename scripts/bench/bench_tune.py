@@ -43,10 +43,11 @@ def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
     from ansor.tuning import TuningOptions, auto_schedule
 
     task = SearchTask.from_workload(wkl)
+    model = XGBModel(seed=seed)
     t0 = time.time()
     with ProgramMeasurer(repeat=3, min_repeat_ms=15) as measurer:
-        result = auto_schedule(task, TuningOptions(num_measure_trials=trials, seed=seed), measurer,
-                               XGBModel(seed=seed))
+        ray_start = time.time() - t0
+        result = auto_schedule(task, TuningOptions(num_measure_trials=trials, seed=seed), measurer, model)
     wall = time.time() - t0
     rounds = result.rounds
     search = sum(r.search_s for r in rounds) / max(1, len(rounds))
@@ -54,8 +55,10 @@ def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
     measure = sum(r.measure_s for r in rounds) / max(1, len(rounds))
     module = apply.build(task, result.best_state)
     cost = apply.time_module(task, module, apply.random_inputs(task))
-    note = (f"per round: search {search:.2f} s, model update {train:.2f} s, measure {measure:.2f} s "
-            f"({len(rounds)} rounds)")
+    stats, n = model.extractor.stats, max(1, len(rounds))
+    note = (f"Ray start {ray_start:.1f} s; per round ({len(rounds)}): search {search:.2f} s (features "
+            f"{stats.wall_s / n:.2f} s: replay {stats.replay_s / n:.2f} s, C++ {stats.extract_s / n:.2f} s, "
+            f"overlapped), model update {train:.2f} s, measure {measure:.2f} s")
     return task.flop_ct / cost / 1e9, wall, note
 
 
