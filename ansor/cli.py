@@ -18,6 +18,7 @@ Heavy modules (Ray, XGBoost, the networks) are imported inside the functions tha
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .errors import AnsorError, RecordError
+
+logger = logging.getLogger("ansor")
 
 #: Exit statuses of every script.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -81,10 +84,25 @@ def set_tvm_threads(target) -> int:
     return int(os.environ["TVM_NUM_THREADS"])
 
 
-def parse_target_and_threads(text: Optional[str]):
-    """:func:`~ansor.target.parse_target` then :func:`set_tvm_threads`; returns the target."""
-    from .target import parse_target
+def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = None):
+    """:func:`~ansor.target.parse_target` then :func:`set_tvm_threads`; returns the target.
+
+    A CUDA target given without ``arch`` gets the arch of a GPU of the Ray cluster (``ray_address``, else
+    a local instance started just for the question); with no GPU there, TVM's default stays and
+    measurement will say that no GPU can run the candidates.
+    """
+    from .target import is_gpu, parse_target
     target = parse_target(text)
+    if is_gpu(target) and "arch" not in (text or ""):
+        from .measure.ray_session import RaySession, cluster_cuda_arch
+        session = RaySession.open(ray_address)
+        try:
+            arch = cluster_cuda_arch()
+        finally:
+            session.close()
+        if arch:
+            target = parse_target({**json.loads(str(target)), "arch": arch})
+            logger.info("CUDA arch %s detected on the cluster's GPU", arch)
     set_tvm_threads(target)
     return target
 

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, state: dict) -> int:
     check_positive("--per-round", args.per_round, "16")
     check_positive("--early-stopping", args.early_stopping, "64")
     check_positive("--repeat", args.repeat, "10")
-    target = parse_target_and_threads(args.target)  # sets TVM_NUM_THREADS before any kernel runs
+    target = parse_target_and_threads(args.target, args.ray_address)  # sets TVM_NUM_THREADS first
     net = load_network(args.network, args.onnx, args.batch_size)
     log_file = Path(args.log_file or Path("logs") / log_name(net.name, net.batch_size))
     check_log_file(log_file, must_exist=args.eval_only, resume=args.resume)

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.per_round <= 0:
         raise AnsorError(f"--per-round must be positive, got {args.per_round} (example: --per-round 16)")
     # TVM sizes its thread pool once, from TVM_NUM_THREADS: set it before any kernel runs in this process.
-    target = parse_target_and_threads(args.target)
+    target = parse_target_and_threads(args.target, args.ray_address)
 
     from ansor.search_task import SearchTask
     task = SearchTask.from_workload(args.wkl, target)

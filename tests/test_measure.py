@@ -2,6 +2,7 @@
 
 import itertools
 import logging
+import re
 
 import pytest
 import ray
@@ -128,6 +129,15 @@ def test_cuda_measure_without_gpu_is_refused(local_ray):
     task = SearchTask.from_workload("matmul-128", CUDA)
     with ProgramMeasurer() as m, pytest.raises(AnsorError, match="no GPU"):
         m.measure([MeasureInput(task, cuda_state(task))])
+
+
+def test_cuda_arch_is_asked_on_the_clusters_gpu(local_ray):
+    from ansor.measure.ray_session import cluster_cuda_arch
+    arch = cluster_cuda_arch()
+    if has_gpu():
+        assert re.fullmatch(r"sm_\d+", arch)
+    else:
+        assert arch is None  # no GPU node: nothing to ask, and no task may wait for one
 
 
 def test_cuda_candidates_run_on_the_gpu(local_ray):

@@ -128,3 +128,20 @@ def node_alive(node_id: str) -> bool:
 def current_node() -> str:
     """Id of the node this process runs on (driver or worker)."""
     return ray.get_runtime_context().get_node_id()
+
+
+@ray.remote(num_gpus=1, max_retries=0)
+def _cuda_arch() -> str:
+    import tvm
+    return "sm_" + tvm.cuda(0).compute_version.replace(".", "")
+
+
+def cluster_cuda_arch(timeout: float = 120.0) -> Optional[str]:
+    """``sm_XY`` of a GPU of the cluster (asked on a GPU node), or None when the cluster has no GPU.
+
+    The machine that runs the search often has no GPU; the arch a CUDA target is compiled for must be the
+    runners', so it is asked where they run.
+    """
+    if not ray.cluster_resources().get("GPU"):
+        return None
+    return ray.get(_cuda_arch.remote(), timeout=timeout)
