@@ -159,6 +159,20 @@ class BasicBlock(nn.Module):
         return _add_relu(self.conv2(self.conv1(x)), shortcut)
 
 
+def resnet_plan(blocks: Sequence[int], bottleneck: bool) -> tuple[list[tuple[int, int, int]], int]:
+    """(input channels, width, stride) of every residual block in order, and the channels after the last.
+
+    Shared with the PyTorch copy (``torch_baseline.py``) so both build the same network.
+    """
+    plan, cin = [], 64
+    for i, n in enumerate(blocks):
+        width = 64 * 2 ** i
+        for j in range(n):
+            plan.append((cin, width, 2 if j == 0 and i > 0 else 1))
+            cin = width * 4 if bottleneck else width
+    return plan, cin
+
+
 class ResNet(nn.Module):
     """ResNet-50 (``bottleneck=True``, 2-D) or ResNet-18 (2-D or, with ``dims=3``, 3-D)."""
 
@@ -168,20 +182,10 @@ class ResNet(nn.Module):
             self.stem = ConvBN(3, 64, 7, 2, 3)
         else:  # 3-D ResNet: keep the temporal resolution in the stem, as in Hara et al.
             self.stem = ConvBN(3, 64, (3, 7, 7), (1, 2, 2), (1, 3, 3), dims=3)
-        layers = []
-        cin = 64
-        for i, n in enumerate(blocks):
-            width = 64 * 2 ** i
-            for j in range(n):
-                stride = 2 if j == 0 and i > 0 else 1
-                if bottleneck:
-                    layers.append(Bottleneck(cin, width, stride))
-                    cin = width * 4
-                else:
-                    layers.append(BasicBlock(cin, width, stride, dims))
-                    cin = width
-        self.layers = nn.ModuleList(layers)
-        self.fc = Dense(cin, num_classes, std=math.sqrt(1.0 / cin))
+        plan, cout = resnet_plan(blocks, bottleneck)
+        self.layers = nn.ModuleList([Bottleneck(cin, width, stride) if bottleneck else
+                                     BasicBlock(cin, width, stride, dims) for cin, width, stride in plan])
+        self.fc = Dense(cout, num_classes, std=math.sqrt(1.0 / cout))
 
     def forward(self, data: nn.Tensor) -> nn.Tensor:
         y = _max_pool(self.stem(data), self.dims)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import numpy as np
 
 from .evaluate import Timing
+from .models import resnet_plan
 from .network import Network, NetworkError
 from .registry import BERT_SEQ_LEN, WEIGHT_SEED, get_network
 
@@ -182,19 +183,10 @@ def _definitions() -> dict[str, Callable[[], "torch.nn.Module"]]:
             else:
                 self.stem = ConvBN(3, 64, (3, 7, 7), (1, 2, 2), (1, 3, 3), dims=3)
             self.pool = max_pool(dims)
-            layers, cin = [], 64
-            for i, n in enumerate(blocks):
-                width = 64 * 2 ** i
-                for j in range(n):
-                    stride = 2 if j == 0 and i > 0 else 1
-                    if bottleneck:
-                        layers.append(Bottleneck(cin, width, stride))
-                        cin = width * 4
-                    else:
-                        layers.append(BasicBlock(cin, width, stride, dims))
-                        cin = width
-            self.layers = nn.Sequential(*layers)
-            self.fc = Dense(cin, num_classes, std=math.sqrt(1.0 / cin))
+            plan, cout = resnet_plan(blocks, bottleneck)
+            self.layers = nn.Sequential(*[Bottleneck(cin, width, stride) if bottleneck else
+                                          BasicBlock(cin, width, stride, dims) for cin, width, stride in plan])
+            self.fc = Dense(cout, num_classes, std=math.sqrt(1.0 / cout))
 
         def forward(self, data: "torch.Tensor") -> "torch.Tensor":
             y = self.layers(self.pool(self.stem(data)))
