@@ -31,8 +31,8 @@ from ..loop_state import ROOT, State
 from ..search_task import SearchTask
 from ..transform_steps import SplitStep
 from .rules import (
-    AlwaysInline, Cond, SketchRule, SkipStage, dag_stage, has_cache_write_stage, has_reduce_iter, is_output,
-    multi_level_tiling, needs_multi_level_tiling, single_elementwise_consumer, space_and_reduce_length,
+    AlwaysInline, Cond, SketchRule, SkipStage, dag_stage, fuse_reduction, has_cache_write_stage, has_reduce_iter,
+    is_output, multi_level_tiling, needs_multi_level_tiling, single_elementwise_consumer, space_and_reduce_length,
     spatial_level_end,
 )
 
@@ -98,7 +98,7 @@ class CrossThreadReduction(SketchRule):
         s = state.copy()
         target = _fusible_consumer(s, stage_id)
         if target is None:
-            fused = _fuse_reduction(s, stage_id)
+            fused = fuse_reduction(s, stage_id)
             s.split(stage_id, fused, [None])
             s.annotate(stage_id, fused + 1, "threadIdx.x")
             return [(s, stage_id - 1)]
@@ -109,7 +109,7 @@ class CrossThreadReduction(SketchRule):
         target += 1  # the write-back stage was added before it
         split_id = _thread_split_of(s, target)
         s.compute_at(stage_id, target, common_outer_loops(s, stage_id, target) - 1)
-        fused = _fuse_reduction(s, stage_id)
+        fused = fuse_reduction(s, stage_id)
         s.follow_split(stage_id, fused, split_id, 1)
         s.annotate(stage_id, fused + 1, "threadIdx.x")
         return [(s, stage_id - 1)]
@@ -137,16 +137,6 @@ def _thread_split_of(state: State, target: int) -> int:
     return len(state.steps) - 2
 
 
-def _fuse_reduction(state: State, stage_id: int) -> int:
-    """Move the reduction loops innermost and fuse them; returns the fused loop's id."""
-    iters = state.stages[stage_id].iters
-    spatial = [k for k, it in enumerate(iters) if it.kind == "S"]
-    reduce = [k for k, it in enumerate(iters) if it.kind == "R"]
-    if spatial + reduce != list(range(len(iters))):
-        state.reorder(stage_id, spatial + reduce)
-    if len(reduce) > 1:
-        state.fuse(stage_id, list(range(len(spatial), len(iters))))
-    return len(spatial)
 
 
 class GPUAddCacheWrite(SketchRule):

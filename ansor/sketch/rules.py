@@ -117,6 +117,18 @@ def needs_rfactor(task: SearchTask, state: State, stage_id: int) -> bool:
     return reduce > 1 and reduce > cores
 
 
+def fuse_reduction(state: State, stage_id: int) -> int:
+    """Move the reduction loops innermost and fuse them into one; returns that loop's id."""
+    iters = state.stages[stage_id].iters
+    spatial = [k for k, it in enumerate(iters) if it.kind == "S"]
+    reduce = [k for k, it in enumerate(iters) if it.kind == "R"]
+    if spatial + reduce != list(range(len(iters))):
+        state.reorder(stage_id, spatial + reduce)
+    if len(reduce) > 1:
+        state.fuse(stage_id, list(range(len(spatial), len(iters))))
+    return len(spatial)
+
+
 # ---------------------------------------------------------------------------------------------- tiling
 def multi_level_tiling(state: State, stage_id: int, structure: str) -> tuple[State, list[int], list[int]]:
     """Split every spatial iterator into the 'S' levels and every reduce iterator into the 'R' levels.
@@ -186,19 +198,12 @@ class AddRfactor(SketchRule):
 
     def apply(self, task, state, stage_id):
         base = state.copy()
-        iters = base.stages[stage_id].iters
-        spatial = [k for k, it in enumerate(iters) if it.kind == "S"]
-        reduce = [k for k, it in enumerate(iters) if it.kind == "R"]
-        if spatial + reduce != list(range(len(iters))):
-            base.reorder(stage_id, spatial + reduce)
-        if len(reduce) > 1:
-            base.fuse(stage_id, list(range(len(spatial), len(iters))))
-        r = len(spatial)
+        r = fuse_reduction(base, stage_id)
         base.split(stage_id, r, [None])
         out = []
         for which in (r, r + 1):
             s = base.copy()
-            s.rfactor(stage_id, which, len(spatial))
+            s.rfactor(stage_id, which, r)
             out.append((s, stage_id - 1))
         return out
 
