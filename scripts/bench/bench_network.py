@@ -7,8 +7,8 @@
 Budget: trials-per-task x the number of ansor tasks, given to both tuners as one global budget.
 1. ansor: ``scripts/tune_network.py`` in a subprocess (as a user runs it; its log is kept in --work-dir),
    or an existing log given with --ansor-log.
-2. MetaSchedule: ``relax_integration.tune_relax`` on the same Relax module (its own task extraction,
-   64 trials per task round), then ``compile_relax``.
+2. MetaSchedule: ``relax_integration.tune_relax`` on the same fused module (its own tasks from its
+   PrimFuncs, 64 trials per task round), best schedules applied with ``MetaScheduleApplyDatabase``.
 3. Timed at the end, one after another with a pause in between, in this process (TVM_NUM_THREADS = the
    target's cores): the default build (our parallel + vectorized default schedules), ansor's tuned
    build, MetaSchedule's build, and PyTorch eager with as many threads when torch is installed.
@@ -40,15 +40,25 @@ def tune_ansor(network: str, trials: int, log: Path) -> float:
     return float(found.group(1)) if found else float("nan")
 
 
-def tune_metaschedule(net, target, trials: int, work_dir: str):
-    """MetaSchedule's own flow on the network; returns (executable, wall seconds)."""
+def tune_metaschedule(extraction, target, trials: int, work_dir: str):
+    """MetaSchedule on the same fused module ansor tunes; returns (executable, wall seconds).
+
+    ``tune_relax`` takes its tasks from the module's PrimFuncs, so it gets the legalized and fused module
+    (the raw one has none); its best schedules are applied with ``MetaScheduleApplyDatabase`` and the
+    module is lowered like ours (PrimFuncs without a record stay unscheduled, as in MetaSchedule's flow).
+    """
+    from tvm import relax
     from tvm.s_tir.meta_schedule import relax_integration
 
+    from ansor.networks import build
+
     t0 = time.time()
-    database = relax_integration.tune_relax(net.mod, {}, target, work_dir, max_trials_global=trials,
+    database = relax_integration.tune_relax(extraction.mod, {}, target, work_dir, max_trials_global=trials,
                                             num_trials_per_iter=64)
     wall = time.time() - t0
-    return relax_integration.compile_relax(database, net.mod, target, params=None), wall
+    with target, database:
+        tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(extraction.mod)
+    return build(tuned, target), wall
 
 
 def main() -> int:
@@ -86,7 +96,8 @@ def main() -> int:
         print(f"ansor tuned in {walls['ansor']:.0f} s", flush=True)
     ms_exe = None
     if not args.skip_metaschedule:
-        ms_exe, walls["metaschedule"] = tune_metaschedule(net, target, trials, str(work_dir / "metaschedule"))
+        ms_exe, walls["metaschedule"] = tune_metaschedule(extraction, target, trials,
+                                                          str(work_dir / "metaschedule"))
         print(f"MetaSchedule tuned in {walls['metaschedule']:.0f} s", flush=True)
 
     time.sleep(args.pause)
