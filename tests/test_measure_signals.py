@@ -27,7 +27,9 @@ SCRIPT = textwrap.dedent("""
             s.split(0, 2, [g])
             inputs.append(MeasureInput(task, s))
     try:
-        with ProgramMeasurer(min_repeat_ms=300, callbacks=[RecordToFile(sys.argv[1])]) as m:
+        # Every candidate timed in full (~1 s each), so the batch is still running when SIGINT comes.
+        with ProgramMeasurer(min_repeat_ms=300, slow_factor=float("inf"),
+                             callbacks=[RecordToFile(sys.argv[1])]) as m:
             print("measuring", flush=True)
             m.measure(inputs)
     except KeyboardInterrupt:
