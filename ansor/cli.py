@@ -146,6 +146,10 @@ def make_model(args: argparse.Namespace):
     return XGBModel(seed=args.seed) if args.cost_model == "xgb" else RandomModel(seed=args.seed)
 
 
+#: How the scripts and benchmarks time candidates while tuning (see make_measurer).
+TUNING_TIMING = {"repeat": 3, "min_repeat_ms": 15}
+
+
 def make_measurer(args: argparse.Namespace, callbacks: list):
     """Ray measurement: builds in parallel, then each candidate timed alone on the node's cores.
 
@@ -153,7 +157,7 @@ def make_measurer(args: argparse.Namespace, callbacks: list):
     run short; final numbers are re-timed for longer by the scripts.
     """
     from .measure.measurer import ProgramMeasurer
-    return ProgramMeasurer(args.ray_address, repeat=3, min_repeat_ms=15, callbacks=callbacks)
+    return ProgramMeasurer(args.ray_address, callbacks=callbacks, **TUNING_TIMING)
 
 
 # -------------------------------------------------------------------------------------------- networks

@@ -38,6 +38,7 @@ class Run:
 def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) -> Run:
     from ansor import apply
     from ansor.measure import RecordToFile
+    from ansor.cli import TUNING_TIMING
     from ansor.measure.measurer import ProgramMeasurer
     from ansor.search_task import SearchTask
     from ansor.tuning import TuningOptions, auto_schedule
@@ -51,7 +52,7 @@ def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) ->
             curve.append(max(gflops, curve[-1] if curve else 0.0))
 
     t0 = time.time()
-    with ProgramMeasurer(repeat=3, min_repeat_ms=15, callbacks=[RecordToFile(log), track]) as measurer:
+    with ProgramMeasurer(callbacks=[RecordToFile(log), track], **TUNING_TIMING) as measurer:
         result = auto_schedule(task, TuningOptions(num_measure_trials=trials, seed=seed), measurer, model)
     wall = time.time() - t0
     module = apply.build(task, result.best_state)

@@ -38,6 +38,7 @@ class Row:
 def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
     from ansor import apply
     from ansor.cost_model import XGBModel
+    from ansor.cli import TUNING_TIMING
     from ansor.measure.measurer import ProgramMeasurer
     from ansor.search_task import SearchTask
     from ansor.tuning import TuningOptions, auto_schedule
@@ -45,7 +46,7 @@ def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
     task = SearchTask.from_workload(wkl)
     model = XGBModel(seed=seed)
     t0 = time.time()
-    with ProgramMeasurer(repeat=3, min_repeat_ms=15) as measurer:
+    with ProgramMeasurer(**TUNING_TIMING) as measurer:
         ray_start = time.time() - t0
         result = auto_schedule(task, TuningOptions(num_measure_trials=trials, seed=seed), measurer, model)
     wall = time.time() - t0
