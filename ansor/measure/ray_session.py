@@ -77,10 +77,14 @@ class RaySession:
             # Without this Ray binds its services to every interface of the machine (see TVM_NOTES).
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             temp_dir = tempfile.mkdtemp(prefix="ansor-ray-")
+            # Ray keeps num_cpus idle workers and kills the rest after a second idle. The run phase's CPU
+            # hold takes one more, so without headroom every batch lost a build worker and the next
+            # batch's builds waited ~2 s for a fresh process to import TVM.
+            soft_limit = (num_cpus or os.cpu_count() or 1) + 2
             try:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                          object_store_memory=object_store_memory, _temp_dir=temp_dir,
-                         logging_level=logging.ERROR)
+                         logging_level=logging.ERROR, _system_config={"num_workers_soft_limit": soft_limit})
             except BaseException:
                 shutil.rmtree(temp_dir, ignore_errors=True)
                 raise
