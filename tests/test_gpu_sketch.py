@@ -60,9 +60,11 @@ def test_softmax_has_ansors_four_sketches():
         assert s.stages[1].compute_at == "inline"
 
 
-@pytest.mark.parametrize("name, expected", [("max-pool2d", 1), ("conv2d-bias-relu", 1), ("matmul-relu-512", 1)])
+@pytest.mark.parametrize("name, expected", [("max-pool2d", 1), ("conv2d-bias-relu", 1), ("matmul-relu-512", 1),
+                                            ("GRP-b1", 1)])
 def test_other_cuda_sketch_counts(name, expected):
-    """Ansor's max_pool2d oracle is 1; the fused conv and matmul epilogues give one tiled sketch each."""
+    """Ansor's max_pool2d oracle is 1; the fused conv and matmul epilogues give one tiled sketch each. The
+    grouped conv reads its input non-affinely: that input gets no shared copy (it used to raise)."""
     assert len(generate_sketches(cuda_task(name))) == expected
 
 

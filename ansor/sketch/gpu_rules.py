@@ -177,7 +177,10 @@ class GPUMultiLevelTilingWithFusion(SketchRule):
     def apply(self, task: SearchTask, state: State, stage_id: int) -> list[tuple[State, int]]:
         s = state.copy()
         first = stage_id
-        for buffer in state.stages[first].block.read_buffers():  # each copy goes before the reader
+        block = state.stages[first].block
+        for buffer in block.read_buffers():  # each copy goes before the reader
+            if any(i is None for acc in block.reads_of(buffer) for i in acc.indices):
+                continue  # a non-affine read (grouped conv): no region to bound a shared copy by
             s.cache_read(stage_id, buffer, "shared")
             stage_id += 1
         consumer = single_elementwise_consumer(s, stage_id)
