@@ -68,6 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--objective", choices=("pack-sum-rank", "pack-sum-mse"), default="pack-sum-rank",
                         help="training loss on per-program sums: pack-sum-rank (pairwise, rank-aware; "
                              "default) or pack-sum-mse (Ansor's throughput-weighted squared error)")
+    parser.add_argument("--features", choices=("state", "tvm"), default="state",
+                        help="per-store features: state (computed from the loop State; default) or tvm "
+                             "(TVM's C++ PerStoreFeature on the replayed program, ~10x slower); a model "
+                             "keeps its choice when saved")
     parser.add_argument("--max-rounds", type=int, default=100,
                         help="most boosting rounds (trees); training stops earlier when the training loss "
                              "stops improving (default 100)")
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     result = train_from_logs(args.logs, target=args.target, workloads=args.workload,
-                             test_fraction=args.test_fraction, seed=args.seed,
+                             test_fraction=args.test_fraction, seed=args.seed, features=args.features,
                              params=XGBParams(objective=args.objective, num_boost_round=args.max_rounds))
     stats, features = result.model.last_train, result.model.extractor.stats
     print(f"trained on {result.n_train} records ({stats.rows} store rows, {stats.rounds} rounds) in "

@@ -1,4 +1,5 @@
-"""Cost models on real TVM features: extraction, pack-sum, learning a known cost, files, logs, the script.
+"""Cost models on both feature sets (ours from the State, TVM's C++ one): extraction, pack-sum, learning a
+known cost, files, logs, the script.
 
 The learning test uses a synthetic log: matmul-128 programs tiled i by ``a`` and j by ``b`` whose "measured"
 cost is a smooth known function of (a, b) (the unroll pragma varies too and must be ignored), so the
@@ -19,7 +20,7 @@ import xgboost as xgb
 from ansor.cost_model import (CostModelError, FeatureExtractor, RandomModel, XGBModel, XGBParams,
                               load_model)
 from ansor.cost_model.dataset import TrainingSet
-from ansor.cost_model.features import NUM_FEATURES
+from ansor.cost_model.state_features import FEATURE_NAMES, StateFeatureExtractor
 from ansor.cost_model.metrics import pairwise_accuracy, spearman_by_group, top_k_recall
 from ansor.cost_model.objective import Packs, PackSumPairwise, PackSumSquaredError
 from ansor.cost_model.training import (evaluate, load_training_records, split_by_program,
@@ -78,9 +79,9 @@ def synthetic(task):
     return inputs, results
 
 
-@pytest.fixture(scope="module")
-def extractor():
-    return FeatureExtractor()
+@pytest.fixture(scope="module", params=["state", "tvm"])
+def extractor(request):
+    return StateFeatureExtractor() if request.param == "state" else FeatureExtractor()
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +102,49 @@ def write_log(path: Path, task: SearchTask, states, results) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- features
-def test_features_are_deterministic_per_store_rows(task):
+@pytest.mark.parametrize("make", [StateFeatureExtractor, lambda: FeatureExtractor(pipeline=False)],
+                         ids=["state", "tvm"])
+def test_features_are_deterministic_per_store_rows(task, make):
     states = [tiled(task, a, b, 16, cache_write=c) for a, b in ((4, 32), (8, 8), (1, 128)) for c in (False, True)]
-    first = FeatureExtractor(pipeline=False).extract(task, states)
-    again = FeatureExtractor().extract(task, states[::-1])[::-1]
+    ext = make()
+    first = ext.extract(task, states)
+    again = make().extract(task, states[::-1])[::-1]
     for state, f, g in zip(states, first, again):
         # One row per stored buffer: C (init and update together), plus C_local after a cache write.
-        assert f.dtype == np.float32 and f.shape == (len(state.stages), NUM_FEATURES)
+        assert f.dtype == np.float32 and f.shape == (len(state.stages), ext.num_features)
         np.testing.assert_array_equal(f, g)
     assert not np.array_equal(first[0], first[2])  # tile sizes show in the features
+
+
+def test_state_features_of_a_known_nest(task):
+    """Loops i0(16) j0(4) k(128) i1(8) j1(32, vectorized), unroll pragma 16: values worked out by hand."""
+    row = dict(zip(FEATURE_NAMES, StateFeatureExtractor().extract(task, [tiled(task, 8, 32, 16)])[0][0]))
+    lg = lambda x: np.float32(np.log2(1 + x))  # noqa: E731
+    assert row["iterations"] == lg(128 ** 3) and row["flops"] == lg(2 * 128 ** 3) and row["loops"] == 5
+    assert row["vector_len"] == lg(32) and row["vector_innermost"] == 1 and row["vector_lanes_ratio"] == 2
+    assert row["auto_unroll_max"] == lg(16) and row["auto_unroll_body"] == lg(8)  # i1 fits, k does not
+    assert row["parallel_extent"] == 0 and row["is_reduction"] == 1
+    buffers = [{k.split("_", 1)[1]: v for k, v in row.items() if k.startswith(f"b{b}_")} for b in range(5)]
+    assert all(b["footprint"] == lg(128 * 128 * 4) for b in buffers[:3]) and buffers[3]["footprint"] == 0
+    # Reuse: A[i, k] across j1 (32) with nothing else varying (12 bytes: one element of each buffer);
+    # B[k, j] across i1 (8) with j1 varying (4 + 128 + 128 bytes); C[i, j] across k (128) with i1, j1
+    # varying (A: 8 elements, B: 32, C: 256, 4 bytes each).
+    reuse = {(b["reuse_count"], b["reuse_distance"]) for b in buffers[:3]}
+    assert reuse == {(lg(32), lg(12)), (lg(8), lg(260)), (lg(128), lg(4 * (8 + 32 + 256)))}
+    assert sorted(b["stride_innermost"] for b in buffers[:3]) == [0, lg(1), lg(1)]
+
+
+def test_state_features_of_gpu_programs_show_thread_bindings():
+    import random
+    from ansor.sketch.annotation import sample_initial_population
+    from ansor.sketch.rules import generate_sketches
+    gpu = SearchTask.from_workload("matmul-512", target="cuda -arch=sm_80")
+    states = sample_initial_population(gpu, generate_sketches(gpu), 20, random.Random(0), exclude=set())
+    feats = StateFeatureExtractor().extract(gpu, states)
+    col = FEATURE_NAMES.index("thread_idx")
+    for state, f in zip(states, feats):
+        assert f.shape[0] == sum(s.compute_at != "inline" for s in state.stages) and np.isfinite(f).all()
+        assert f[:, col].max() > 0  # some store runs under threadIdx.x
 
 
 def test_pipelined_batch_equals_serial_and_cache_hits(task, synthetic):
@@ -123,8 +158,9 @@ def test_pipelined_batch_equals_serial_and_cache_hits(task, synthetic):
     assert ext.stats.cache_hits == 10 and ext.stats.states == 90
 
 
-def test_unreplayable_state_has_no_features_and_scores_minus_inf(task, trained):
-    model = trained[0]
+def test_unreplayable_state_has_no_tvm_features_and_scores_minus_inf(task, synthetic):
+    model = XGBModel(min_train_programs=1, features="tvm")
+    model.update(*synthetic)
     bad = task.compute_dag.init_state()
     bad.annotate(0, 2, "vectorize")  # k is a reduction loop: TVM refuses
     good = tiled(task, 8, 32, 0)
@@ -134,6 +170,19 @@ def test_unreplayable_state_has_no_features_and_scores_minus_inf(task, trained):
     n = len(model.data)
     model.update([MeasureInput(task, bad)], [FAILED])  # dropped, not a crash
     assert len(model.data) == n
+
+
+def test_search_never_proposes_an_unreplayable_state(task):
+    """State features describe any State, so the policy itself replays what it is about to measure."""
+    from ansor.sketch.policy import SketchPolicy
+    bad = task.compute_dag.init_state()
+    bad.annotate(0, 2, "vectorize")
+    good = tiled(task, 8, 32, 0)
+    policy = SketchPolicy(task, RandomModel(), first=[bad, good])
+    batch = policy.next_batch(4)
+    keys = [s.key() for s in batch]
+    assert bad.key() not in keys and good.key() in keys and len(batch) == 4
+    assert bad.key() in policy.measured  # and never again
 
 
 # ---------------------------------------------------------------------------------------------- objective
@@ -227,6 +276,7 @@ def test_save_load_gives_identical_predictions(task, trained, synthetic, tmp_pat
     model.save(tmp_path / "m.npz")
     loaded = load_model(tmp_path / "m.npz")
     assert isinstance(loaded, XGBModel) and len(loaded.data) == len(model.data)
+    assert loaded.extractor.name == model.extractor.name
     np.testing.assert_array_equal(loaded.predict(task, states), model.predict(task, states))
     loaded.update(synthetic[0][:3], synthetic[1][:3])  # training goes on from the saved data
     assert loaded.last_train.programs == len(model.data) + 3
@@ -322,6 +372,6 @@ def test_script_trains_reports_and_saves(task, synthetic, tmp_path):
     assert isinstance(load_model(out), XGBModel)
     help_text = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True,
                                timeout=60).stdout
-    for flag in ("--out", "--test-fraction", "--seed", "--target", "--workload", "--objective", "--max-rounds",
-                 "--verbose"):
+    for flag in ("--out", "--test-fraction", "--seed", "--target", "--workload", "--objective", "--features",
+                 "--max-rounds", "--verbose"):
         assert flag in help_text

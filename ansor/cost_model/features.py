@@ -96,6 +96,9 @@ class FeatureExtractor:
         C++ threads for a non-pipelined batch (default: this machine's physical cores).
     """
 
+    name = "tvm"
+    num_features = NUM_FEATURES
+
     def __init__(self, cache_size: int = 20_000, pipeline: bool = True, num_threads: Optional[int] = None):
         self.cache_size = cache_size
         self.pipeline = pipeline

@@ -149,7 +149,7 @@ def evaluate(model: CostModel, inputs: Sequence[MeasureInput], results: Sequence
 
 def train_from_logs(paths: Union[PathLike, Sequence[PathLike]], *, target: TargetLike = None,
                     workloads: Optional[Iterable[str]] = None, test_fraction: float = 0.2, seed: int = 0,
-                    params: Optional[XGBParams] = None,
+                    params: Optional[XGBParams] = None, features: str = "state",
                     max_programs_per_task: Optional[int] = MAX_PROGRAMS_PER_TASK) -> TrainResult:
     """Train an :class:`XGBModel` on the logs and report its ranking of a held-out split.
 
@@ -167,7 +167,8 @@ def train_from_logs(paths: Union[PathLike, Sequence[PathLike]], *, target: Targe
     train_in, train_res = to_measure_pairs(train)
     if not train_in:
         raise RecordError("no usable records to train on")
-    model = XGBModel(params, min_train_programs=1, max_programs_per_task=max_programs_per_task, seed=seed)
+    model = XGBModel(params, min_train_programs=1, max_programs_per_task=max_programs_per_task, seed=seed,
+                     features=features)
     model.update(train_in, train_res)
     report = None
     if test:

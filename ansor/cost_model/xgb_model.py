@@ -33,6 +33,10 @@ from .cost_model import CostModel, CostModelError, PathLike, write_model_file
 from .dataset import TrainingSet
 from .features import FeatureExtractor
 from .objective import OBJECTIVES, make_objective
+from .state_features import StateFeatureExtractor
+
+#: Feature sets by name: ours read off the State (default), or TVM's C++ extractor on the replayed program.
+FEATURE_SETS = {"state": StateFeatureExtractor, "tvm": FeatureExtractor}
 
 logger = logging.getLogger("ansor")
 
@@ -101,19 +105,24 @@ class XGBModel(CostModel):
         ``None`` keeps all.
     seed
         Seeds the random scores before training and the sampling inside training.
+    features
+        Which per-store features describe a program: ``"state"`` (computed from the loop State, no TVM
+        call) or ``"tvm"`` (TVM's C++ ``PerStoreFeature`` on the replayed program; ~10x slower).
     extractor
-        Shares a feature cache between models (a new one by default).
+        Shares a feature cache between models (a new one of ``features`` by default).
     """
 
     kind = "xgb"
 
     def __init__(self, params: Optional[XGBParams] = None, *, min_train_programs: int = 16,
                  max_programs_per_task: Optional[int] = MAX_PROGRAMS_PER_TASK, seed: int = 0,
-                 extractor: Optional[FeatureExtractor] = None):
+                 features: str = "state", extractor: Optional[FeatureExtractor | StateFeatureExtractor] = None):
+        if extractor is None and features not in FEATURE_SETS:
+            raise CostModelError(f"unknown feature set {features!r}; choose one of {', '.join(FEATURE_SETS)}")
         self.params = params or XGBParams()
         self.min_train_programs = min_train_programs
         self.seed = seed
-        self.extractor = extractor or FeatureExtractor()
+        self.extractor = extractor or FEATURE_SETS[features]()
         self.data = TrainingSet(max_programs_per_task)
         self.booster: Optional[xgb.Booster] = None
         self.last_train = TrainStats()
@@ -209,7 +218,8 @@ class XGBModel(CostModel):
     # ------------------------------------------------------------------ files
     def save(self, path: PathLike) -> None:
         """Write the booster, the settings and the kept training data (so training can go on after load)."""
-        header = {"kind": self.kind, "params": asdict(self.params), "min_train_programs": self.min_train_programs,
+        header = {"kind": self.kind, "features": self.extractor.name, "params": asdict(self.params),
+                  "min_train_programs": self.min_train_programs,
                   "max_programs_per_task": self.data.max_programs_per_task, "seed": self.seed,
                   "task_keys": self.data.task_keys}
         arrays = self.data.to_arrays()
@@ -221,11 +231,12 @@ class XGBModel(CostModel):
     def from_file(cls, header: dict[str, Any], arrays: dict[str, np.ndarray], path: PathLike) -> "XGBModel":
         try:
             model = cls(XGBParams(**header["params"]), min_train_programs=int(header["min_train_programs"]),
-                        max_programs_per_task=header["max_programs_per_task"], seed=int(header["seed"]))
+                        max_programs_per_task=header["max_programs_per_task"], seed=int(header["seed"]),
+                        features=header.get("features", "tvm"))  # files from before the choice: TVM's
             model.data = TrainingSet.from_arrays(arrays, list(header["task_keys"]), header["max_programs_per_task"])
             if "booster" in arrays:
                 model.booster = xgb.Booster(model_file=bytearray(arrays["booster"].tobytes()))
-        except (KeyError, TypeError, ValueError, IndexError, xgb.core.XGBoostError) as err:
+        except (KeyError, TypeError, ValueError, IndexError, CostModelError, xgb.core.XGBoostError) as err:
             raise CostModelError(f"{path}: damaged xgb cost model ({type(err).__name__}: {err})") from None
         return model
 

@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from ..errors import StepError
 from ..loop_state import State
 from ..measure.types import MeasureInput, MeasureResult
 from ..search_task import SearchTask
@@ -67,9 +68,8 @@ class SketchPolicy:
         keys: set = set()
         while self._first and len(batch) < n:
             state = self._first.pop(0)
-            if state.key() not in self.measured and state.key() not in keys:
-                keys.add(state.key())
-                batch.append(state)
+            if state.key() not in self.measured:
+                self._add_if_valid(state, batch, keys)
         if len(batch) == n:
             return batch
         p = self.params
@@ -84,24 +84,32 @@ class SketchPolicy:
         for _, state in evolved:
             if len(batch) >= n - n_random:
                 break
-            if state.key() not in keys:
-                keys.add(state.key())
-                batch.append(state)
+            self._add_if_valid(state, batch, keys)
         for state in sample_initial_population(self.task, self.sketches, n - len(batch), self.rng,
                                                exclude=self.measured | keys):
-            batch.append(state)
-        return self._drop_invalid_gpu(batch)
+            self._add_if_valid(state, batch, keys)
+        return batch
 
-    def _drop_invalid_gpu(self, batch: list[State]) -> list[State]:
-        """On GPU, run TVM's GPU verifier on what is about to be measured and drop what fails it."""
-        if not is_gpu(self.task.target):
-            return batch
-        kept = []
-        for state in batch:
-            reason = verify_gpu(self.task, state)
-            if reason is None:
-                kept.append(state)
-            else:
-                self.measured.add(state.key())  # never propose it again
-                logger.debug("%s: dropped a program before measurement: %s", self.task.desc, reason)
-        return kept
+    def _add_if_valid(self, state: State, batch: list[State], keys: set) -> None:
+        """Add ``state`` unless TVM cannot replay it (on GPU: unless it fails TVM's GPU verifier).
+
+        The cost model describes States without TVM, so a program TensorIR would refuse can rank high; a
+        replay costs ~2 ms, a failed build a trial. A refused program is never proposed again.
+        """
+        if state.key() in keys:
+            return
+        keys.add(state.key())
+        reason = verify_gpu(self.task, state) if is_gpu(self.task.target) else _replay_error(self.task, state)
+        if reason is None:
+            batch.append(state)
+        else:
+            self.measured.add(state.key())
+            logger.debug("%s: dropped a program before measurement: %s", self.task.desc, reason)
+
+
+def _replay_error(task: SearchTask, state: State) -> Optional[str]:
+    try:
+        task.compute_dag.replay(state)
+    except StepError as err:
+        return str(err)
+    return None

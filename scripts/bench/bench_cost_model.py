@@ -1,21 +1,21 @@
 """Benchmark: cost-model overhead in the search (issue goals: >= 1,000 states/s of feature extraction for
-matmul on 2 cores, replay included; bounded retraining time per round as logs grow).
+matmul on 2 cores; bounded retraining time per round as logs grow), and the two feature sets compared.
 
-Run: python scripts/bench/bench_cost_model.py [--states N] [--repeat N] [--records 1000,5000]
+Run: python scripts/bench/bench_cost_model.py [--states N] [--repeat N] [--records 1000,5000] [--logs LOG ...]
 
-1. Feature extraction for random complete matmul-512 programs (what the search scores): end to end
-   from a cold cache (replay onto s_tir + TVM's C++ PerStoreFeature, pipelined over two threads, as
-   ``XGBModel.predict`` runs it), the same without pipelining, each part alone (Python replay; the C++
-   extractor on already-replayed schedules with 1 and 2 threads), and a warm cache.
+1. Feature extraction for random complete matmul-512 programs (what the search scores), from a cold
+   cache: our features computed from the State (the default), then TVM's C++ PerStoreFeature end to end
+   (replay onto s_tir + extraction, pipelined over two threads or serial), each of its parts alone, and a
+   warm cache.
 2. Retraining: one ``XGBModel.update`` with a round of 16 new records when the model already holds N
    records, for each N in ``--records``, with the default per-task cap and without a cap ("update s"),
    then the median of ``--repeat`` more retrainings on the same data ("retrain s"). Costs are synthetic
    (a smooth function of the tile sizes plus noise); features are extracted before timing, as in tuning,
    where ``predict`` has already extracted the features of every measured program.
+3. With ``--logs``: held-out ranking of real measurements by a model on each feature set (pairwise
+   accuracy, top-1/top-5 recall; mean over 5 random 70/30 splits by program).
 
-TODO (needs the tuning loop with XGBModel wired in, not ready yet): compare XGB-guided with random-guided
-tuning (best GFLOPS after 64/128/256 trials of matmul-512 and a ResNet-50 conv, a few seeds each), and
-report search time per round with the XGB model (extraction share vs. evolution vs. retraining).
+XGB-guided vs random-guided tuning is ``bench_model_guidance.py``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
 from ansor.cost_model import FeatureExtractor, XGBModel
 from ansor.cost_model.features import make_tune_context
+from ansor.cost_model.state_features import StateFeatureExtractor
+from ansor.cost_model.training import train_from_logs
 from ansor.cost_model.xgb_model import MAX_PROGRAMS_PER_TASK
 from ansor.loop_state import State
 from ansor.measure.types import ErrorNo, MeasureInput, MeasureResult
@@ -79,8 +81,10 @@ def bench_extraction(task: SearchTask, n: int, repeat: int) -> None:
         return lambda: FeatureExtractor(pipeline=pipeline).extract(task, states)
 
     rows: list[tuple[str, float]] = [
-        ("end to end, pipelined (default)", median_time(cold(True), repeat)),
-        ("end to end, serial", median_time(cold(False), repeat)),
+        ("State features (default), 1 thread", median_time(lambda: StateFeatureExtractor().extract(task, states),
+                                                           repeat)),
+        ("TVM features end to end, pipelined", median_time(cold(True), repeat)),
+        ("TVM features end to end, serial", median_time(cold(False), repeat)),
         ("replay onto s_tir alone", median_time(lambda: [dag.replay(s) for s in states], repeat)),
     ]
     candidates = [MeasureCandidate(dag.replay(s), args) for s in states]
@@ -89,7 +93,7 @@ def bench_extraction(task: SearchTask, n: int, repeat: int) -> None:
         ctx = make_tune_context(dag.mod, task.target, threads)
         rows.append((f"C++ PerStoreFeature alone, {threads} thread{'s' if threads > 1 else ''}",
                      median_time(lambda: extractor.extract_from(ctx, candidates), repeat)))
-    warm = FeatureExtractor()
+    warm = StateFeatureExtractor()
     warm.extract(task, states)
     rows.append(("cached (state already seen)", median_time(lambda: warm.extract(task, states), repeat)))
     print(f"feature extraction, {task.workload_key}: {n} random programs, median of {repeat}")
@@ -107,7 +111,7 @@ def synthetic_cost(state: State, rng: np.random.Generator) -> float:
     return 1e-3 * (1.0 + 0.2 * penalty) * float(rng.lognormal(0.0, 0.05))
 
 
-def bench_retraining(task: SearchTask, sizes: list[int], cap: Optional[int], extractor: FeatureExtractor,
+def bench_retraining(task: SearchTask, sizes: list[int], cap: Optional[int], extractor: StateFeatureExtractor,
                      states: list[State], repeat: int) -> None:
     rng = np.random.default_rng(0)
     label = f"cap {cap} programs/task" if cap else "no cap"
@@ -131,6 +135,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timing repeats; the median is reported (default 3)")
     parser.add_argument("--records", default="1000,5000",
                         help="comma-separated training-set sizes for the retraining benchmark (default 1000,5000)")
+    parser.add_argument("--logs", nargs="+", default=None, metavar="LOG",
+                        help="tuning logs to compare the held-out ranking of the two feature sets on")
     args = parser.parse_args()
 
     task = SearchTask.from_workload(args.wkl)
@@ -141,7 +147,7 @@ def main() -> None:
     states = random_states(task, max(sizes), seed=1)
     if len(states) < max(sizes):
         raise SystemExit(f"only {len(states)} distinct programs of {args.wkl}; lower --records")
-    extractor = FeatureExtractor()
+    extractor = StateFeatureExtractor()
     t0 = time.perf_counter()
     extractor.extract(task, states)
     print(f"\nretraining per round (16 new records; features of {len(states)} programs extracted beforehand "
@@ -149,7 +155,21 @@ def main() -> None:
     print(f"  {'':<38}{'programs':>9}{'rows':>8}{'rounds':>8}{'update s':>10}{'retrain s':>10}")
     for cap in (MAX_PROGRAMS_PER_TASK, None):
         bench_retraining(task, sizes, cap, extractor, states, args.repeat)
+    if args.logs:
+        compare_feature_sets(args.logs)
     print(f"CPU pressure after: {cpu_pressure()}")
+
+
+def compare_feature_sets(logs: list[str], splits: int = 5) -> None:
+    print(f"\nheld-out ranking of {', '.join(logs)} (mean of {splits} random 70/30 splits by program)")
+    print(f"  {'features':<10}{'pairwise':>10}{'top-1':>8}{'top-5':>8}{'train+eval s':>14}")
+    for features in ("state", "tvm"):
+        t0 = time.perf_counter()
+        reports = [train_from_logs(logs, test_fraction=0.3, seed=seed, features=features).report
+                   for seed in range(splits)]
+        print(f"  {features:<10}{statistics.mean(r.pairwise_accuracy for r in reports):>10.3f}"
+              f"{statistics.mean(r.top1_recall for r in reports):>8.2f}"
+              f"{statistics.mean(r.top5_recall for r in reports):>8.2f}{time.perf_counter() - t0:>14.1f}")
 
 
 if __name__ == "__main__":
