@@ -2,7 +2,9 @@
 
 import itertools
 import logging
+import os
 import re
+import time
 
 import pytest
 import ray
@@ -11,6 +13,8 @@ from ansor.errors import AnsorError
 from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer, ProgressLogger, RecordToFile
 from ansor.measure.builder import RayBuilder
 from ansor.measure.ray_session import current_node
+from ansor.measure.runner import RunConfig
+from ansor.measure.runner_pool import RunnerPool
 from ansor.records import load_records
 from ansor.search_task import SearchTask
 
@@ -101,6 +105,28 @@ def test_progress_logger_reports_speed_and_errors(local_ray, matmul128, caplog, 
     assert (progress.count, progress.errors) == (2, 1)
     text = caplog.text
     assert "GFLOPS" in text and "INSTANTIATION_ERROR" in text
+
+
+@ray.remote(num_cpus=1)
+def worker_pid() -> int:
+    time.sleep(0.2)  # long enough that every CPU's worker takes one
+    return os.getpid()
+
+
+def test_the_run_phase_cpu_hold_costs_no_worker_process(local_ray):
+    """A lost worker makes the next batch's builds wait seconds for a fresh process to import TVM.
+
+    The hold takes every CPU, and Ray's idle-worker reaper, which keeps only ``num_cpus`` workers unless
+    told otherwise (RaySession.open), used to kill the build workers left idle during it for over a second.
+    """
+    before = set(ray.get([worker_pid.remote() for _ in range(8)]))
+    pool = RunnerPool(RunConfig())
+    for _ in range(2):
+        with pool.reserve():
+            time.sleep(1.5)  # longer than Ray's 1 s idle-worker kill threshold
+    pool.close()
+    after = set(ray.get([worker_pid.remote() for _ in range(8)]))
+    assert after <= before, f"new worker processes {after - before} replaced {before - after}"
 
 
 def cuda_state(task: SearchTask):

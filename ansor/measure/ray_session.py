@@ -78,8 +78,8 @@ class RaySession:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             temp_dir = tempfile.mkdtemp(prefix="ansor-ray-")
             # Ray keeps num_cpus idle workers and kills the rest after a second idle. The run phase's CPU
-            # hold takes one more, so without headroom every batch lost a build worker and the next
-            # batch's builds waited ~2 s for a fresh process to import TVM.
+            # hold needs one more worker, so without headroom nearly every batch lost a build worker and
+            # the next batch's builds waited ~2-3 s for a fresh process to import TVM.
             soft_limit = (num_cpus or os.cpu_count() or 1) + 2
             try:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,

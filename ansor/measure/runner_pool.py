@@ -67,18 +67,10 @@ def _release(leases: list[ray.ObjectRefGenerator]) -> None:
 
 @ray.remote(num_returns="streaming", max_retries=0)
 def _hold_cpus():
-    """Hold the CPUs this task was given until cancelled; the first item says the lease is granted.
-
-    The cancel arrives as KeyboardInterrupt between bytecodes (hence short sleeps). Returning from it keeps
-    the worker process: let it escape and Ray replaces the worker, and the next batch's builds wait ~2 s
-    for a fresh process to import TVM.
-    """
-    try:
-        yield current_node()
-        while True:
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        return
+    """Hold the CPUs this task was given until cancelled; the first item says the lease is granted."""
+    yield current_node()
+    while True:  # a cancel arrives as KeyboardInterrupt between bytecodes: sleep in short steps
+        time.sleep(0.1)
 
 
 @dataclass
