@@ -115,34 +115,45 @@ def change_compute_location(state: State, rng: random.Random) -> State:
     return state
 
 
+def outer_parallel_loops(state: State, stage_id: int) -> int:
+    """How many leading loops of a stage may be fused into one parallel (or GPU block) loop.
+
+    Spatial, not yet annotated, and none past the first loop another stage is computed at: fusing beyond
+    it would change where that stage is computed.
+    """
+    stage = state.stages[stage_id]
+    attached = {state.stages[c].attach[1] for c in state.attached_to(stage_id)}
+    n = 0
+    for k, it in enumerate(stage.iters):
+        if it.kind != "S" or it.annotation != "none":
+            break
+        n += 1
+        if k in attached:
+            break
+    return n
+
+
 def annotate_parallel(state: State, task: SearchTask) -> None:
     """Fuse the outer spatial loops of every root stage until there is enough parallelism, then parallel."""
     limit = task.hardware_params.num_cores * 16
     for stage_id, stage in enumerate(state.stages):
         if stage.compute_at == ROOT:
-            _parallel_outer(state, stage_id, 0, limit)
+            _parallel_outer(state, stage_id, limit)
 
 
-def _parallel_outer(state: State, stage_id: int, offset: int, limit: int) -> None:
-    stage = state.stages[stage_id]
-    attached = {state.stages[c].attach[1]: c for c in state.attached_to(stage_id)}
-    fused: list[int] = []
-    degree = 1
-    k = offset
-    while k < len(stage.iters):
-        it = stage.iters[k]
-        if it.kind != "S" or it.annotation != "none":
-            break
-        fused.append(k)
+def _parallel_outer(state: State, stage_id: int, limit: int) -> None:
+    """Fuse the fewest outer loops that give over ``limit`` parallel iterations (all of them if none do)."""
+    n, degree = 0, 1
+    for it in state.stages[stage_id].iters[:outer_parallel_loops(state, stage_id)]:
+        n += 1
         degree *= it.extent or 1
-        if degree > limit or k in attached:
+        if degree > limit:
             break
-        k += 1
-    if not fused:
+    if n == 0:
         return
-    if len(fused) > 1:
-        state.fuse(stage_id, fused)
-    state.annotate(stage_id, fused[0], "parallel")
+    if n > 1:
+        state.fuse(stage_id, list(range(n)))
+    state.annotate(stage_id, 0, "parallel")
 
 
 def annotate_unroll(state: State, rng: random.Random, task: SearchTask) -> None:

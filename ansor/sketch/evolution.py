@@ -21,6 +21,7 @@ from ..target import is_gpu
 from ..transform_steps import AnnotationStep, ComputeAtStep, FuseStep, PragmaStep, SplitStep, Step
 from .annotation import (
     CPU_UNROLL_STEPS, GPU_UNROLL_STEPS, MAX_INNERMOST_FACTOR, _divisors, compute_location_candidates,
+    outer_parallel_loops,
 )
 from .gpu_annotation import fits_gpu
 
@@ -123,14 +124,11 @@ def mutate_parallel(task: SearchTask, state: State, rng: random.Random) -> Optio
     fused = isinstance(prev, FuseStep) and prev.stage_id == sid and prev.fused_ids == tuple(range(len(prev.fused_ids)))
     k, start = (len(prev.fused_ids), i - 1) if fused else (1, i)  # type: ignore[union-attr]
     before = state.with_steps(steps[:start])
-    attached = {before.stages[c].attach[1] for c in before.attached_to(sid)}
-    degrees = [1]  # degrees[m]: parallelism with the first m loops fused; spatial, plain, up to an attach point
-    for j, it in enumerate(before.stages[sid].iters):
-        if it.kind != "S" or it.annotation != "none" or it.extent is None:
+    degrees = [1]  # degrees[m]: parallelism with the first m loops fused
+    for it in before.stages[sid].iters[:outer_parallel_loops(before, sid)]:
+        if it.extent is None:
             break
         degrees.append(degrees[-1] * it.extent)
-        if j in attached:
-            break
     options = [m for m in range(1, len(degrees)) if degrees[m] != degrees[k]] if k < len(degrees) else []
     if not options:
         return None

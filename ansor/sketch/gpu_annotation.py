@@ -24,7 +24,7 @@ from ..errors import StepError
 from ..loop_state import INLINED, ROOT, State
 from ..search_task import SearchTask
 from ..transform_steps import STAGE_ADDING_TAGS, SplitStep, Step
-from .annotation import _divisors, annotate_unroll, factorizations
+from .annotation import _divisors, annotate_unroll, factorizations, outer_parallel_loops
 from .gpu_rules import has_cross_thread_reduction
 
 #: Vector widths tried for a cooperative fetch (a CUDA vector load is at most 16 bytes).
@@ -129,15 +129,7 @@ def bind_threads(state: State, task: SearchTask, rng: random.Random) -> None:
 
 def _fuse_outer_space(state: State, sid: int) -> int:
     """Fuse the leading spatial loops up to the first attach point; returns how many were fused (0: none)."""
-    stage = state.stages[sid]
-    attached = {state.stages[c].attach[1] for c in state.attached_to(sid)}
-    n = 0
-    for k, it in enumerate(stage.iters):
-        if it.kind != "S" or it.annotation != "none":
-            break
-        n += 1
-        if k in attached:
-            break
+    n = outer_parallel_loops(state, sid)
     if n > 1:
         state.fuse(sid, list(range(n)))
     return n
