@@ -58,8 +58,7 @@ def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
     cost = apply.time_module(task, module, apply.random_inputs(task))
     stats, n = model.extractor.stats, max(1, len(rounds))
     note = (f"Ray start {ray_start:.1f} s; per round ({len(rounds)}): search {search:.2f} s (features "
-            f"{stats.wall_s / n:.2f} s: replay {stats.replay_s / n:.2f} s, C++ {stats.extract_s / n:.2f} s, "
-            f"overlapped), model update {train:.2f} s, measure {measure:.2f} s")
+            f"{stats.wall_s / n:.2f} s), model update {train:.2f} s, measure {measure:.2f} s")
     return task.flop_ct / cost / 1e9, wall, note
 
 
