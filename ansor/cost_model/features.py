@@ -1,12 +1,11 @@
-"""Per-store features of loop states: TVM's C++ ``PerStoreFeature`` on the replayed program, batched and cached.
+"""TVM's per-store features of loop states: C++ ``PerStoreFeature`` on the replayed program, batched and cached.
 
-Like Ansor, we describe a program by one feature vector per buffer store of the *real* (replayed) TensorIR
-program: loop structure around the store, its arithmetic, vectorization/unroll/parallel context (the
-auto-unroll pragma included), buffer access patterns, arithmetic intensity. TVM 0.27 computes these in C++
-(164 values per store) from any ``s_tir.Schedule``; we only replay our steps and batch the call. A few cheap
-features of our own read off the State (parallel loops and extent, vector length, unroll pragma, appended
-per program) did not change held-out ranking on real measurements (within 0.005 pairwise accuracy), so
-there are none.
+The alternative to :mod:`.state_features` (the default), kept for comparison and for models saved with it
+(``XGBModel(features="tvm")``, ``train_cost_model.py --features tvm``). It describes a program by one
+feature vector per buffer store of the *real* (replayed) TensorIR program: loop structure around the
+store, its arithmetic, vectorization/unroll/parallel context (the auto-unroll pragma included), buffer
+access patterns, arithmetic intensity. TVM 0.27 computes these in C++ (164 values per store) from any
+``s_tir.Schedule``; we only replay our steps and batch the call.
 
 Two costs dominate (matmul-512, this 2-core machine): replaying a state onto ``s_tir.Schedule`` (Python,
 ~1.75 ms) and the C++ extraction (~1.6 ms per state per thread; it releases the GIL). A batch is therefore

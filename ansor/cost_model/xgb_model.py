@@ -1,6 +1,6 @@
 """XGBModel: Ansor's learned cost model, gradient-boosted trees over per-store features, pack-sum.
 
-Each measured program contributes one row per buffer store (see :mod:`.features`), all labelled with the
+Each measured program contributes one row per buffer store (see :mod:`.state_features`), all labelled with the
 program's normalised throughput (see :mod:`.dataset`). The booster predicts a number per row; a program's
 score is the sum over its rows, and training minimises a loss on those sums (see :mod:`.objective`), so
 XGBoost is driven through its public custom-objective API (``xgb.train(obj=..., custom_metric=...)``).
