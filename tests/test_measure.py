@@ -125,6 +125,7 @@ def test_the_run_phase_cpu_hold_costs_no_worker_process(local_ray):
         with pool.reserve():
             time.sleep(1.5)  # longer than Ray's 1 s idle-worker kill threshold
     pool.close()
+    time.sleep(0.5)  # let the hold's worker go back to the idle pool before asking for workers again
     after = set(ray.get([worker_pid.remote() for _ in range(8)]))
     assert after <= before, f"new worker processes {after - before} replaced {before - after}"
 
