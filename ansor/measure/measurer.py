@@ -11,8 +11,10 @@ order.
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import nullcontext
-from typing import Optional, Sequence
+from dataclasses import replace
+from typing import Callable, Optional, Sequence
 
 import ray
 
@@ -25,7 +27,7 @@ from .ray_session import RaySession
 from .runner import RunConfig, RunReply
 from .runner_pool import RunJob, RunnerPool
 from .shipping import TaskHandle, ship, task_key
-from .types import MAX_COST, BuildResult, MeasureInput, MeasureResult, Span
+from .types import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
 
 logger = logging.getLogger("ansor")
 
@@ -113,8 +115,35 @@ class ProgramMeasurer:
                     reference = self._references.get(task_key(task)) if self.check_correctness else None
                     jobs.append(RunJob(i, handles[task_key(task)], build.lib, device, threads, self.run_timeout,
                                        reference))
-            self._pool.run(jobs, lambda job, reply: batch.ran(job.index, builds[job.index], reply))
+            done = lambda job, reply: batch.ran(job.index, builds[job.index], reply)  # noqa: E731
+            self._pool.run(self._probe_first_batch(jobs, done), done)
         return batch.results  # type: ignore[return-value]
+
+    def _probe_first_batch(self, jobs: list[RunJob], done: Callable[[RunJob, RunReply], None]) -> list[RunJob]:
+        """Run once (and check) every candidate of a task not timed yet; returns what still needs timing.
+
+        ``slow_factor`` spares a slow candidate its full timing only once the task has a best time, so in a
+        task's first batch every slow random program timed before the first fast one cost ~5 runs (up to
+        1-2 s each). Probing them all first gives the batch its best before anything is timed in full; a
+        candidate within ``slow_factor`` of it is then timed (unchecked: the probe checked it), the rest
+        keep their probe.
+        """
+        fresh = [j for j in jobs if self._pool.best(j.handle.key) is None]
+        if len(fresh) < 2 or not math.isfinite(self._pool.config.slow_factor):
+            return jobs
+        probes: dict[int, RunReply] = {}
+        self._pool.run([replace(j, probe_only=True) for j in fresh],
+                       lambda job, reply: probes.__setitem__(job.index, reply))
+        fresh_ids = {id(j) for j in fresh}
+        todo = [j for j in jobs if id(j) not in fresh_ids]
+        for job in fresh:
+            reply, best = probes[job.index], self._pool.best(job.handle.key)
+            if reply.error_no == ErrorNo.NO_ERROR and best is not None \
+                    and reply.costs[0] <= self._pool.config.slow_factor * best:
+                todo.append(replace(job, reference=None))
+            else:
+                done(job, reply)
+        return todo
 
     def _missing_references(self, tasks: list[SearchTask]) -> dict[str, SearchTask]:
         missing: dict[str, SearchTask] = {}

@@ -85,6 +85,7 @@ class RunJob:
     timeout: float
     reference: Optional[tuple] = None  # (ObjectRef of the reference outputs,): check against them
     is_reference: bool = False  # compute the reference instead of timing
+    probe_only: bool = False  # check and run once, whatever the task's best (see ProgramMeasurer)
     node_losses: int = 0
 
 
@@ -136,6 +137,10 @@ class RunnerPool:
             for device, threads in specs:
                 if lane.device == device and threads not in lane.actors:
                     lane.actors[threads] = self._spawn(lane, threads)
+
+    def best(self, key: str) -> Optional[float]:
+        """Fastest cost timed so far for the task with this key (None before its first timing)."""
+        return self._best.get(key)
 
     def devices(self) -> set[str]:
         """Device kinds ("cpu", "gpu") some live node offers."""
@@ -235,8 +240,8 @@ class RunnerPool:
         if job.is_reference:
             lane.call = actor.handle.reference.remote(job.handle, job.lib)
         else:
-            lane.call = actor.handle.run.remote(job.handle, job.lib, job.reference, self.config,
-                                                self._best.get(job.handle.key, float("inf")))
+            best = 0.0 if job.probe_only else self._best.get(job.handle.key, float("inf"))
+            lane.call = actor.handle.run.remote(job.handle, job.lib, job.reference, self.config, best)
         lane.job, lane.actor, lane.started = job, actor, time.time()
         lane.deadline = time.monotonic() + (ACTOR_START_TIMEOUT if actor.ready is not None else job.timeout)
 
