@@ -158,6 +158,14 @@ class ComputeDAG:
             raise AnsorError(f"no stage named {name!r}; stages: {', '.join(self._index)}")
         return self._index[name]
 
+    def element_bits(self, buffer: str) -> int:
+        """Bits per element of ``buffer``; a buffer a step added (``A_shared``, ``C_local``, ``C_rf``) has
+        its source's type, and an unknown one is taken as float32."""
+        while buffer not in self.buffer_dtypes and "_" in buffer:
+            buffer = buffer.rsplit("_", 1)[0]
+        dtype = self.buffer_dtypes.get(buffer, "float32")
+        return int("".join(c for c in dtype if c.isdigit()) or 32)
+
     @cached_property
     def flop_ct(self) -> float:
         """Floating-point operations of one run (a multiply-add counts 2)."""

@@ -68,9 +68,7 @@ def _inline_elementwise(state: State) -> None:
 
 
 def _lanes(task: SearchTask, state: State, stage_id: int) -> int:
-    buffer = state.stages[stage_id].block.writes[0].buffer
-    dtype = state.dag.buffer_dtypes.get(buffer, "float32")
-    bits = int("".join(c for c in dtype if c.isdigit()) or 32)
+    bits = state.dag.element_bits(state.stages[stage_id].block.writes[0].buffer)
     return max(1, task.hardware_params.vector_unit_bytes * 8 // bits)
 
 

@@ -217,10 +217,4 @@ def _kernel_stages(state: State, root: int) -> list[int]:
 
 
 def _dtype_bytes(state: State, sid: int) -> int:
-    block = state.stages[sid].block
-    for acc in (*block.writes, *block.reads):
-        dtype = state.dag.buffer_dtypes.get(acc.buffer)
-        if dtype is not None:
-            bits = int("".join(c for c in dtype if c.isdigit()) or 32)
-            return max(1, bits // 8)
-    return 4
+    return max(1, state.dag.element_bits(state.stages[sid].block.writes[0].buffer) // 8)
