@@ -73,7 +73,6 @@ class _Loop:
 
 @dataclass(frozen=True, slots=True)
 class _Buffer:
-    name: str
     is_read: bool
     is_write: bool
     shape: tuple[int, ...]
@@ -213,19 +212,9 @@ def _buffers(state: State, sid: int) -> list[_Buffer]:
         row_strides.reverse()
         coefs = tuple(dict(idx.terms) if idx is not None else {} for idx in accs[0].indices)
         is_write = name in written
-        out.append(_Buffer(name, not is_write or reduction, is_write, shape, _elem_bytes(dag, name), tuple(dims),
-                           tuple(row_strides), coefs))
+        out.append(_Buffer(not is_write or reduction, is_write, shape, max(1, dag.element_bits(name) // 8),
+                           tuple(dims), tuple(row_strides), coefs))
     return out
-
-
-def _elem_bytes(dag, name: str) -> int:
-    """Bytes per element; cache and rfactor buffers (``A_local``, ``C_rf``) take their source's type."""
-    dtypes = dag.buffer_dtypes
-    while name not in dtypes and "_" in name:
-        name = name.rsplit("_", 1)[0]
-    dtype = dtypes.get(name, "float32")
-    digits = "".join(ch for ch in dtype if ch.isdigit())
-    return max(1, int(digits) // 8) if digits else 4
 
 
 def _footprint(buf: _Buffer, spans: dict[str, int], line_bytes: int) -> tuple[int, int]:
@@ -298,17 +287,14 @@ def _store_row(state: State, sid: int, nests: dict[int, list[_Loop]], cores: int
 
     # Footprints per loop level, innermost first: level k = the innermost k loops vary.
     spans: dict[str, int] = {}
+    footprints = [_footprint(b, spans, line_bytes) for b in buffers]  # (elements, lines) at the current level
     level_bytes = [sum(b.elem_bytes for b in buffers)]
-    per_buffer = [[_footprint(b, spans, line_bytes)] for b in buffers]
     for loop in reversed(nest):
         for var, stride in loop.parts:
             if var in var_limit:
                 spans[var] = min(var_limit[var], spans.get(var, 0) + stride * (loop.extent - 1))
-        total = 0
-        for b, fp in zip(buffers, per_buffer):
-            fp.append(_footprint(b, spans, line_bytes))
-            total += fp[-1][0] * b.elem_bytes
-        level_bytes.append(total)
+        footprints = [_footprint(b, spans, line_bytes) for b in buffers]
+        level_bytes.append(sum(fp[0] * b.elem_bytes for b, fp in zip(buffers, footprints)))
     inner_flops = [fpp * math.prod(extents[len(extents) - k:]) for k in range(len(extents) + 1)]
     intensity = [f / max(1, by) for f, by in zip(inner_flops, level_bytes)]
 
@@ -347,12 +333,11 @@ def _store_row(state: State, sid: int, nests: dict[int, list[_Loop]], cores: int
         row.append(_log(intensity[depth - round(p * depth / (CURVE_POINTS - 1))]))
 
     # Buffers, largest footprint first.
-    order = sorted(range(len(buffers)), key=lambda i: -per_buffer[i][-1][0] * buffers[i].elem_bytes)
+    order = sorted(range(len(buffers)), key=lambda i: -footprints[i][0] * buffers[i].elem_bytes)
     innermost = next((loop for loop in reversed(nest) if loop.extent > 1), None)
     vector_loop = next((loop for loop in reversed(nest) if loop.annotation == "vectorize"), None)
     for i in order[:BUFFERS_PER_STORE]:
-        b, fps = buffers[i], per_buffer[i]
-        elems, lines = fps[-1]
+        b, (elems, lines) = buffers[i], footprints[i]
         reuse_count, reuse_distance = 0, 0
         for k in range(len(nest) - 1, -1, -1):  # innermost loop (with extent > 1) that does not move b
             loop = nest[k]

@@ -137,8 +137,6 @@ def _thread_split_of(state: State, target: int) -> int:
     return len(state.steps) - 2
 
 
-
-
 class GPUAddCacheWrite(SketchRule):
     """Accumulate a tiled stage in a ``local`` cache (always on GPU; see the module notes).
 
