@@ -166,7 +166,7 @@ def report(args: argparse.Namespace, net, extraction, target, log_file: Path, ta
         print(f"note: {log_file} has no measurement of this network's tasks: the tuned build is the default "
               "build", file=sys.stderr)
     print("building the default and the tuned network ...", file=sys.stderr)
-    ev = evaluate_network(net, extraction, log_file, target, repeat=args.repeat)
+    ev = evaluate_network(extraction, log_file, target, repeat=args.repeat)
     cmp_ = ev.comparison
     if not cmp_.ok:
         print(f"error: the tuned build's output differs from the default build's: max |difference| "

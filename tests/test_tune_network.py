@@ -85,13 +85,14 @@ def test_each_task_measures_its_default_schedule_first(tuned):
 
     log, proc = tuned
     assert proc.returncode == 0, proc.stderr[-3000:]
-    first: dict[str, tuple] = {}
+    first_round: dict[str, list[tuple]] = {}  # a task's first round measures 2 programs (--per-round 2)
     for record in load_records(log):
-        first.setdefault(record.workload_key, record.steps)
+        first_round.setdefault(record.workload_key, []).append(record.steps)
     tasks = extract_tasks(get_network("tiny-cnn", batch_size=1), host_target())
     assert len(tasks) == TINY_TASKS
-    for t in tasks:  # the first measurement of every task is its default schedule: tuning never regresses
-        assert first[t.task.workload_key] == tuple(default_state(t.task).steps), t.task.desc
+    for t in tasks:  # every task's first round measures its default schedule: tuning never regresses
+        # (results are logged as they finish, so the default need not be the first line of its task)
+        assert tuple(default_state(t.task).steps) in first_round[t.task.workload_key][:2], t.task.desc
 
 
 def test_eval_only_applies_the_log_without_measuring(tuned, tmp_path):

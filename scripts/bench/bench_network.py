@@ -101,14 +101,14 @@ def main() -> int:
         print(f"MetaSchedule tuned in {walls['metaschedule']:.0f} s", flush=True)
 
     time.sleep(args.pause)
-    ev = evaluate_network(net, extraction, log, target, repeat=args.repeat)
+    ev = evaluate_network(extraction, log, target, repeat=args.repeat)
     if not ev.comparison.ok:
         print("error: ansor's tuned build gives outputs that differ from the default build's", file=sys.stderr)
         return 1
     rows = [("default build", ev.default.mean_ms), ("ansor", ev.tuned.mean_ms)]
     if ms_exe is not None:
         time.sleep(args.pause)
-        rows.append(("metaschedule", time_network(ms_exe, net, target=target, repeat=args.repeat).mean_ms))
+        rows.append(("metaschedule", time_network(ms_exe, extraction.network, target=target, repeat=args.repeat).mean_ms))
     torch_ms = _torch_mean_ms(args.network, cores, args.repeat, args.pause)
     if torch_ms is not None:
         rows.append((f"pytorch eager ({cores} threads)", torch_ms))
