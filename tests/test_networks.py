@@ -322,7 +322,7 @@ def test_onnx_model_imports_extracts_and_runs(tmp_path):
     assert [w.name for w in net.weights] == ["W", "B", "FW", "FB"]
     ex = extract(net, TARGET)
     # Convolution and pooling run in NHWC (transposes at the model's edges); weights are constants.
-    assert sorted(t.name for t in ex.tasks) == ["fused_conv2d_add_relu [2,16,16,3]x[8,3,3,3]",
+    assert sorted(t.name for t in ex.tasks) == ["fused_conv2d_add_relu [2,16,16,3]x[3,3,3,8]",
                                                "fused_matmul_add [2,512]x[512,10]", "max_pool2d [2,16,16,8]"]
     assert ex.network.layout == "NHWC" and ex.network.weights == () and ex.network.inputs == net.inputs
     mod = apply_best(ex.mod, ex.tasks, {}, target=TARGET)
@@ -330,6 +330,38 @@ def test_onnx_model_imports_extracts_and_runs(tmp_path):
                                  reference_network=net)
     assert comparison.ok, comparison
     assert load_onnx(path).inputs[0].shape == (1, 3, 16, 16)  # symbolic batch: 1 unless overridden
+
+
+def test_onnx_relu6_converts_to_nhwc_without_transposes_inside(tmp_path):
+    """PyTorch exports ReLU6 as Clip with constant bounds; TVM imports that as opaque TIR calls. Prepared,
+    they are Relax operators again, so the whole model runs in NHWC with transposes at its edges only."""
+    onnx = pytest.importorskip("onnx", reason="the onnx package is not installed (pip install 'ansor[onnx]')")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * 0.5).astype(np.float32), name)
+             for name, shape in (("W1", (8, 3, 3, 3)), ("B1", (8,)), ("W2", (4, 8, 1, 1)), ("B2", (4,)))]
+    const = lambda name, v: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(  # noqa: E731
+        np.array(v, np.float32)))
+    nodes = [const("lo", 0.0), const("hi", 6.0),
+             helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"]),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["y"])]
+    graph = helper.make_graph(nodes, "relu6", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    path = tmp_path / "relu6.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    net = load_onnx(path)
+    assert net.mod[net.entry].script().count("R.call_tir") == 4  # TVM's import: Clip as TIR calls
+    ex = extract(net, TARGET)
+    text = ex.network.mod[ex.network.entry].script()
+    assert text.count("R.permute_dims") == 2 and "R.call_tir" not in text  # data in, result out
+    assert text.count("R.maximum") == 2 and text.count("R.minimum") == 2
+    mod = apply_best(ex.mod, ex.tasks, {}, target=TARGET)
+    comparison = compare_outputs(ex.network, build(mod, TARGET), build(net.mod, TARGET, fused=False), TARGET,
+                                 reference_network=net)
+    assert comparison.ok and comparison.scale > 0, comparison
 
 
 def test_onnx_missing_or_invalid_file_is_one_line(tmp_path):
