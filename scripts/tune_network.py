@@ -38,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-trials", type=int, default=1000,
                         help="total measurement budget over all tasks, resumed measurements included "
                              "(default 1000)")
+    parser.add_argument("--minutes", type=float, default=None, metavar="M",
+                        help="also stop tuning after M minutes of wall time (no new round starts; default: "
+                             "only --n-trials limits it)")
     parser.add_argument("--target", default="host",
                         help="'host' (this CPU, physical cores; default), 'llvm', 'llvm -mcpu=znver5 "
                              "-num-cores=2', or a JSON dict")
@@ -93,6 +96,10 @@ def run(args: argparse.Namespace, state: dict) -> int:
     check_positive("--per-round", args.per_round, "16")
     check_positive("--early-stopping", args.early_stopping, "64")
     check_positive("--repeat", args.repeat, "10")
+    if args.minutes is not None and not args.minutes > 0:
+        from ansor.errors import AnsorError
+        raise AnsorError(f"--minutes must be a positive number of minutes, got {args.minutes} "
+                         "(example: --minutes 10)")
     target = parse_target_and_threads(args.target, args.ray_address)  # sets TVM_NUM_THREADS first
     net = load_network(args.network, args.onnx, args.batch_size)
     log_file = Path(args.log_file or Path("logs") / log_name(net.name, net.batch_size))
@@ -153,7 +160,8 @@ def tune(args: argparse.Namespace, extraction, target, log_file: Path, table: "T
         tune_tasks(tasks, weights, args.n_trials, measurer, model, per_round=args.per_round,
                    strategy=args.strategy, early_stopping=args.early_stopping, seed=args.seed,
                    resume_from=str(log_file) if resume else None, on_round=table.round_done,
-                   first=[default_candidates(t) for t in tasks])
+                   first=[default_candidates(t) for t in tasks],
+                   time_limit=None if args.minutes is None else args.minutes * 60)
     table.stop()
     print(f"tuning: {table.used} trials ({table.resumed} resumed, {table.errors} failed) in "
           f"{time.time() - table.t0:.1f} s; log: {log_file}", file=sys.stderr)

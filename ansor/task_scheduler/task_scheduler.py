@@ -140,11 +140,12 @@ def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: 
                per_round: int = 16, strategy: str = "gradient", early_stopping: Optional[int] = None,
                seed: int = 0, search: Optional[SearchParams] = None, resume_from: Optional[str] = None,
                on_round: Optional[Callable[[SchedulerRound], None]] = None,
-               first: Optional[Sequence[Sequence[State]]] = None) -> Allocator:
+               first: Optional[Sequence[Sequence[State]]] = None, time_limit: Optional[float] = None) -> Allocator:
     """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator.
 
     ``first[i]``: states of task ``i`` measured in its first round, before anything searched. A network
     passes each task's default schedule, so a tuned task is never slower than its untuned build.
+    ``time_limit``: seconds after which no new round starts (the trial budget may end it first).
     """
     states = [TaskState(float(w), t.flop_ct, tag=_tag(t)) for t, w in zip(tasks, weights)]
     alloc = Allocator(states, strategy=strategy, early_stopping=early_stopping, seed=seed)
@@ -152,9 +153,13 @@ def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: 
     policies = [SketchPolicy(t, model, seed=seed + i, params=search, first=f)
                 for i, (t, f) in enumerate(zip(tasks, firsts))]
     used = 0
+    start = time.perf_counter()
     if resume_from:
         used = _resume(tasks, policies, alloc, model, resume_from)
     while used < n_trials:
+        if time_limit is not None and time.perf_counter() - start >= time_limit:
+            logger.info("time limit of %.0f s reached after %d trials", time_limit, used)
+            break
         index = alloc.next_task()
         if index is None:
             break
