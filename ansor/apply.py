@@ -25,13 +25,17 @@ def schedule(task: SearchTask, state: Optional[State]) -> tvm.IRModule:
     return task.compute_dag.replay(state).mod
 
 
-def kernel(task: SearchTask, state: Optional[State]) -> tuple[tvm.IRModule, list[PackedLayout]]:
-    """What measurement times: the scheduled module without its weight-packing blocks, and the layouts its
-    pre-packed arguments take (:func:`~ansor.layout_rewrite.pack_arguments` makes them)."""
-    mod = schedule(task, state)
+def kernel(task: SearchTask, state: Optional[State],
+           scheduled: Optional[tvm.IRModule] = None) -> tuple[tvm.IRModule, list[PackedLayout]]:
+    """What measurement times: the scheduled module (``scheduled``, if the caller has it) without its
+    weight-packing blocks, and the layouts its pre-packed arguments take
+    (:func:`~ansor.layout_rewrite.pack_arguments` makes them)."""
+    mod = scheduled if scheduled is not None else schedule(task, state)
     layouts = packed_layouts(state) if state is not None else []
     if layouts:
-        mod = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+        func = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)["main"]
+        # TVM's pass leaves the function's type with the unpacked argument shapes: rebuild it from its params.
+        mod = tvm.IRModule({"main": tvm.tirx.PrimFunc(func.params, func.body, func.ret_type, func.attrs)})
     return mod, layouts
 
 

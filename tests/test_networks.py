@@ -21,11 +21,11 @@ import tvm_ffi
 from tvm import relax
 
 from ansor.errors import AnsorError, RecordError
+from ansor.layout_rewrite import packed_layouts
 from ansor.measure.types import MeasureResult
 from ansor.networks import (
     Network, NetworkError, TensorSpec, apply_best, apply_history_best, build, check_against_default,
-    fold_weight_packing,
-    compare_outputs, extract, extract_tasks, get_network, load_onnx, network_names, scheduled_func,
+    compare_outputs, extract, extract_tasks, get_network, load_onnx, network_names, schedule_task,
 )
 from ansor.records import RecordWriter
 from ansor.sketch.annotation import sample_initial_population
@@ -155,27 +155,42 @@ def test_tuned_tiny_cnn_matches_default_build(extractions):
             schedules[t.workload_key] = states[-1]
         tuned = apply_best(ex.mod, ex.tasks, schedules, target=TARGET)
         for t in ex.tasks:
-            want = scheduled_func(t.task, schedules[t.workload_key])
+            want = schedule_task(t.task, schedules[t.workload_key]).kernel  # weights are constants: packed
             assert tvm_ffi.structural_equal(tuned[t.global_vars[0]].body, want.body)
         comparison = check_against_default(ex, tuned, TARGET)
         assert comparison.ok, comparison
 
 
-def test_weight_packing_is_folded_at_build_time(extractions):
-    """Tuned convolutions read packed constant weights; the packing is evaluated once, when the network is
-    built: the function a user calls holds no packing call, and the result is unchanged."""
+def test_weights_are_packed_once_at_build_time(extractions):
+    """Tuned convolutions and the dense layer read packed constant weights. apply_best packs each weight
+    once: the kernels hold no packing block, the calls pass constants in the packed layout, and the
+    result is unchanged."""
     net, ex = extractions["tiny-cnn"]
     rng = random.Random(4)
     schedules = {t.workload_key: sample_initial_population(t.task, generate_sketches(t.task), 1, rng)[0]
                  for t in ex.tasks}
-    packed = [t for t in ex.tasks if any(stage.packed for stage in schedules[t.workload_key].stages)]
+    packed = {t.global_vars[0]: layouts for t in ex.tasks
+              if (layouts := packed_layouts(schedules[t.workload_key]))}
     assert len(packed) >= 2  # both convolutions (and the dense layer) read constant weights
     tuned = apply_best(ex.mod, ex.tasks, schedules, target=TARGET)
-    folded = fold_weight_packing(tuned)
-    names = [gv.name_hint for gv, _ in folded.functions_items()]
-    assert sum(n.endswith("_prepacked") for n in names) == len(packed)
-    assert "weight_prepack" not in folded[ex.network.entry].script()
+    for name, layouts in packed.items():
+        kernel = tuned[name]  # takes the weight packed: the packing block is gone from it
+        assert all(tuple(int(d) for d in kernel.params[lay.index].shape) == lay.packed_shape for lay in layouts)
+        calls = _calls(tuned[ex.network.entry], name)
+        assert calls and all(tuple(args[lay.index].ty.shape) == lay.packed_shape for args in calls for lay in layouts)
     assert check_against_default(ex, tuned, TARGET).ok
+
+
+def _calls(func, name: str) -> list[list]:
+    found = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.call_tir" \
+                and expr.args[0].name_hint == name:
+            found.append(list(expr.args[1].fields))
+
+    relax.analysis.post_order_visit(func, visit)
+    return found
 
 
 def test_mobilenet_default_build_matches_untuned_build(extractions):
@@ -205,7 +220,7 @@ def test_apply_history_best_takes_the_fastest_record(extractions, tmp_path):
             chosen[t.workload_key] = states[-1]
     mod = apply_history_best(ex.mod, ex.tasks, log, target=TARGET)
     for t in ex.tasks[:2]:
-        want = scheduled_func(t.task, chosen[t.workload_key])
+        want = schedule_task(t.task, chosen[t.workload_key]).kernel
         assert tvm_ffi.structural_equal(mod[t.global_vars[0]].body, want.body)
     assert _parallel_and_vector(mod[ex.tasks[2].global_vars[0]]) == (True, True)  # not in the log: default
     assert check_against_default(ex, mod, TARGET).ok

@@ -16,7 +16,6 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..layout_rewrite import PREPROC_ANNOTATION
 from ..target import is_gpu, parse_target
 from .apply_best import apply_best
 from .extract import Extraction
@@ -69,52 +68,17 @@ def runtime_threads() -> int:
     return int(tvm.get_global_func("runtime.NumThreads")())
 
 
-def fold_weight_packing(mod: tvm.IRModule) -> tvm.IRModule:
-    """Move each schedule's weight-packing block into a function of its own and evaluate it on the constant
-    weights now (``SplitLayoutRewritePreproc`` + ``FoldConstant``): packed weights become constants and no
-    packing runs per inference. A packing of a weight that is still an argument stays a call.
-
-    TVM's split pass refuses PrimFuncs it does not expect (one without blocks, e.g. a hand-written scatter),
-    so it sees only the PrimFuncs that pack something; the others are set aside and put back.
-    """
-    aside = {gv: func for gv, func in mod.functions_items()
-             if isinstance(func, tvm.tirx.PrimFunc) and not _packs_weights(func)}
-    if len(aside) == sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items()):
-        return mod
-    packing = tvm.IRModule({gv: func for gv, func in mod.functions_items() if gv not in aside}, attrs=mod.attrs)
-    packing = relax.transform.SplitLayoutRewritePreproc()(packing)
-    for gv, func in aside.items():
-        packing[gv] = func
-    return relax.transform.FoldConstant()(packing)
-
-
-def _packs_weights(func: tvm.tirx.PrimFunc) -> bool:
-    """True if a block at the root of ``func`` is a weight-packing block (see :mod:`ansor.layout_rewrite`)."""
-    try:
-        sch = tvm.s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    except Exception:  # no root block: nothing a schedule of ours made
-        return False
-    return any(PREPROC_ANNOTATION in sch.get(b).annotations for b in blocks)
-
-
-@tvm.transform.module_pass(opt_level=0, name="AnsorFoldWeightPacking")
-def _fold_weight_packing_pass(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-    return fold_weight_packing(mod)
-
-
 def lowering_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     """Relax passes that turn a fused, scheduled module into VM code without legalizing or fusing again.
 
     TVM's default pipeline would run ``FuseOps``/``FuseTIR`` a second time and merge our scheduled
-    PrimFuncs with their neighbours, undoing the schedules; we fold the weight packing
-    (:func:`fold_weight_packing`) and lower what is there.
+    PrimFuncs with their neighbours, undoing the schedules; we only lower what is already there.
     """
     if is_gpu(target):
         from tvm.relax.backend.gpu_generic import pipeline
     else:
         from tvm.relax.backend.cpu_generic import pipeline
-    passes = [_fold_weight_packing_pass, *pipeline.dataflow_lower_passes(target), *pipeline.finalize_passes(target)]
+    passes = pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target)
 
     @tvm.transform.module_pass(opt_level=0, name="AnsorLowerFused")
     def _lower(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
