@@ -46,7 +46,7 @@ __all__ = ["RECORD_VERSION", "MAX_LINE_BYTES", "MAX_LOG_BYTES", "PathLike", "Rec
 #: Longest line read (longer ones are skipped with a warning): a workload line of the largest built-in
 #: network's task is ~45 KB, a record ~1 KB.
 MAX_LINE_BYTES = 16 * 2 ** 20
-#: Largest log read (a 20,000-trial network log is ~20 MB); a larger file is refused, not read for minutes.
+#: Largest log read (2,048 records take 1.2 MB); a larger file is refused, not read for minutes.
 MAX_LOG_BYTES = 4 * 2 ** 30
 
 PathLike = Union[str, "os.PathLike[str]"]
