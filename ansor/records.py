@@ -4,41 +4,54 @@ A log is the only durable output of a tuning run, so it must survive crashes (ea
 soon as it is measured; a torn last line costs one record, never the file) and it must be enough on its
 own: before the first record of a workload, the writer stores the workload's PrimFunc, target and hardware
 parameters, so a fresh process can rebuild the :class:`~ansor.search_task.SearchTask` and replay every
-state without the code that registered the workload. The format is described in ``docs/log_format.md``.
+state without the code that registered the workload. A log is also untrusted input: loading never fails
+on what a line holds (:mod:`ansor.record_parse` checks every field). The format is described in
+``docs/log_format.md``.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
+import stat
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import BinaryIO, Collection, Iterable, Iterator, Optional, Sequence, Union
 
 import tvm
 import tvm_ffi
 
-from .errors import RecordError, StepError, TargetError
+from .errors import RecordError
 from .loop_state import State
-from .measure.types import ErrorNo, MeasureInput, MeasureResult
+from .measure.types import MeasureInput, MeasureResult
+from .record_parse import (
+    RECORD_VERSION, CorruptLine, LoadCache, RecordLine, load_prim_func, parse_line,
+    parse_record_line, parse_workload_line, record_json,
+)
 from .search_task import SearchTask
-from .target import HardwareParams, parse_target, target_to_str
-from .transform_steps import Step, step_from_json, steps_to_json
+from .target import parse_target, target_to_str
+from .transform_steps import Step, steps_to_json
 
 logger = logging.getLogger("ansor")
 
-#: Version tag of every line this module writes; lines with another tag are skipped on load.
-RECORD_VERSION = "ansor-0.1"
+__all__ = ["RECORD_VERSION", "MAX_LINE_BYTES", "MAX_LOG_BYTES", "PathLike", "Record", "RecordWriter",
+           "best_record", "best_records", "distill", "distinct_records", "load_records", "log_targets",
+           "measured_keys", "other_targets_message", "save_records", "state_identity"]
+
+#: Longest line read (longer ones are skipped with a warning): a workload line of the largest built-in
+#: network's task is ~45 KB, a record ~1 KB.
+MAX_LINE_BYTES = 16 * 2 ** 20
+#: Largest log read (2,048 records take 1.2 MB); a larger file is refused, not read for minutes.
+MAX_LOG_BYTES = 4 * 2 ** 30
 
 PathLike = Union[str, "os.PathLike[str]"]
 #: What identifies a measured program: the workload key and the step list.
 StateIdentity = tuple[str, tuple[Step, ...]]
-
-_WORKLOAD_PREFIX = b'{"workload"'
-_MAX_REASON = 200
-_ERROR_CODES = frozenset(int(e) for e in ErrorNo)
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -77,6 +90,21 @@ def measured_keys(records: Iterable[Record]) -> set[StateIdentity]:
     return {state_identity(r.workload_key, r.steps) for r in records}
 
 
+def distinct_records(records: Iterable[Record]) -> list[Record]:
+    """One record per (workload, target, state), in first-seen order: the best valid one, else the first.
+
+    A state measured twice (two tuners on one log, a log concatenated with itself) is one trial: resume
+    counts these, not lines.
+    """
+    kept: dict[tuple[str, str, tuple[Step, ...]], Record] = {}
+    for rec in records:
+        ident = (rec.workload_key, rec.task.target_str, rec.steps)
+        cur = kept.get(ident)
+        if cur is None or (rec.result.ok and (not cur.result.ok or rec.result.mean_cost < cur.result.mean_cost)):
+            kept[ident] = rec
+    return list(kept.values())
+
+
 def best_records(records: Iterable[Record]) -> dict[str, Record]:
     """For each workload key, the valid record (``error_no == 0``) with the lowest mean cost."""
     best: dict[str, Record] = {}
@@ -95,33 +123,78 @@ def best_record(path: PathLike, workload_key: str,
     return best_records(load_records(path, workload_key=workload_key, target=target)).get(workload_key)
 
 
+def log_targets(path: PathLike, workload_keys: Optional[Collection[str]] = None) -> Counter[str]:
+    """How many loadable records each target string has in the log (only records of ``workload_keys``)."""
+    only = next(iter(workload_keys)) if workload_keys is not None and len(workload_keys) == 1 else None
+    return Counter(r.task.target_str for r in load_records(path, workload_key=only)
+                   if workload_keys is None or r.workload_key in workload_keys)
+
+
+def other_targets_message(path: PathLike, target: Union[str, tvm.target.Target],
+                          workload_keys: Optional[Collection[str]] = None) -> Optional[str]:
+    """Why a resume for ``target`` found nothing: the other targets the log holds records for (of
+    ``workload_keys`` if given), with how to tune for one; ``None`` if it holds none.
+
+    A target string differs as soon as ``mcpu`` or the core count does, so a log tuned on another machine
+    (or with ``host`` on a machine with another core count) resumes nothing on this one.
+    """
+    wanted = target_to_str(parse_target(target))
+    counts = log_targets(path, workload_keys)
+    counts.pop(wanted, None)
+    if not counts:
+        return None
+    top = counts.most_common(3)
+    held = "; ".join(f"{n} for {t}" for t, n in top)
+    more = f" (and {len(counts) - len(top)} more targets)" if len(counts) > len(top) else ""
+    return (f"{path} holds no record of these tasks for target {wanted}, but {held}{more}; to continue "
+            f"those, tune with --target '{top[0][0]}'")
+
+
 # ---------------------------------------------------------------------------------------------- writing
 class RecordWriter:
-    """Appends records to a log, one flushed line each, with the workload line before a key's first record.
+    """Appends records to a log, one flushed line each, with a loadable workload line before its records.
+
+    While open, the writer holds an exclusive lock on the file (``flock``): a second writer, in this or
+    another process, is refused with a :class:`RecordError`, so two tuners never append the same work to
+    one log. Readers do not lock.
 
     Parameters
     ----------
     path
         The log file; created (with its parent folders) if missing, appended to otherwise.
     fsync
-        Also ``os.fsync`` after every write, so records survive a power loss, not only a crash of this
-        process. Off by default: on most disks it costs far more than the write itself.
+        Also ``os.fsync`` after every record, so records survive a power loss, not only a crash of this
+        process. Off by default: on most disks it costs far more than the write itself; call :meth:`sync`
+        once per round instead.
     """
 
     def __init__(self, path: PathLike, *, fsync: bool = False):
         self.path = Path(path)
         self.fsync = fsync
+        self._dirty = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._keys, ends_clean = _scan_workload_keys(self.path)
-            self._fd: Optional[int] = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if self.path.exists():
+                _check_regular(self.path, self.path)
+            # O_NONBLOCK: opening a FIFO for writing would otherwise wait for a reader forever.
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
         except OSError as err:
             raise RecordError(f"{self.path}: cannot open log for writing ({err.strerror or err})") from None
+        try:
+            _check_regular(fd, self.path)
+            _lock(fd, self.path)
+            self._file_lines, ends_clean = _scan_workload_lines(self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: Optional[int] = fd
+        # key -> the program that the key's records appended now are read with (its last usable workload line)
+        self._programs: dict[str, Optional[tvm.tirx.PrimFunc]] = {}
         if not ends_clean:  # a torn last line from a crash: do not glue the next record onto it
             self._append(b"\n")
 
     def write(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
-        """Append one record per (input, result) pair; each is on disk before the next is written."""
+        """Append one record per (input, result) pair; each is in the OS before the next is written."""
         if len(inputs) != len(results):
             raise RecordError(f"{self.path}: cannot write {len(inputs)} inputs with {len(results)} results")
         for inp, res in zip(inputs, results):
@@ -130,14 +203,33 @@ class RecordWriter:
     def write_record(self, task: SearchTask, steps: Sequence[Step], result: MeasureResult) -> None:
         """Append one record given its step list (no :class:`State` needed, e.g. when copying records)."""
         key = task.workload_key
-        text = _record_line(task, steps, result)
-        if key not in self._keys:
+        text = json.dumps(record_json(key, task.target_str, task.hardware_params.to_json(), steps_to_json(steps),
+                                      result)) + "\n"
+        if not self._has_program(key, task.func):
             text = _workload_line(task) + text
+            self._programs[key] = task.func
         self._append(text.encode("utf-8"))
-        self._keys.add(key)
+
+    def sync(self) -> None:
+        """``fsync`` what was written since the last call: once per round makes a log survive power loss.
+
+        Cheap when nothing was written; the tuning scripts call it at the end of every round.
+        """
+        if self._fd is None or not self._dirty:
+            return
+        try:
+            os.fsync(self._fd)
+        except OSError as err:
+            raise RecordError(f"{self.path}: cannot sync log to disk ({err.strerror or err})") from None
+        self._dirty = False
 
     def close(self) -> None:
-        if self._fd is not None:
+        """Sync and close the log (which releases the lock); closing twice is harmless."""
+        if self._fd is None:
+            return
+        try:
+            self.sync()
+        finally:
             os.close(self._fd)
             self._fd = None
 
@@ -147,15 +239,33 @@ class RecordWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _has_program(self, key: str, func: tvm.tirx.PrimFunc) -> bool:
+        """Whether the file already says that ``key`` is ``func``: its last loadable workload line of ``key``.
+
+        Only such a line counts: one of another version, one whose PrimFunc this TVM cannot load, or one of
+        another program under the same key would leave the records appended now unreadable or misread.
+        """
+        if key not in self._programs:
+            self._programs[key] = _last_program(self._file_lines.pop(key, []))
+        known = self._programs[key]
+        if known is None:
+            return False
+        if known is func or tvm_ffi.structural_equal(known, func):
+            self._programs[key] = func  # the next record of this task compares by identity
+            return True
+        return False
+
     def _append(self, data: bytes) -> None:
         if self._fd is None:
             raise RecordError(f"{self.path}: write to a closed log")
         view = memoryview(data)
         try:
-            while view:  # one write() per record in O_APPEND mode keeps concurrent writers' lines whole
+            while view:  # one write() per record in O_APPEND mode keeps a line whole
                 view = view[os.write(self._fd, view):]
+            self._dirty = True
             if self.fsync:
                 os.fsync(self._fd)
+                self._dirty = False
         except OSError as err:
             raise RecordError(f"{self.path}: cannot append to log ({err.strerror or err})") from None
 
@@ -166,48 +276,78 @@ def save_records(path: PathLike, inputs: Sequence[MeasureInput], results: Sequen
         writer.write(inputs, results)
 
 
-def _record_line(task: SearchTask, steps: Sequence[Step], result: MeasureResult) -> str:
-    obj: dict[str, Any] = {
-        "i": [[task.workload_key, task.target_str, task.hardware_params.to_json()], [[], steps_to_json(steps)]],
-        "r": [[float(c) for c in result.costs], int(result.error_no), float(result.all_cost),
-              float(result.timestamp)],
-        "v": RECORD_VERSION,
-    }
-    if result.node:
-        obj["node"] = result.node
-    return json.dumps(obj) + "\n"
-
-
 def _workload_line(task: SearchTask) -> str:
     obj = {"workload": task.workload_key, "target": task.target_str, "hw": task.hardware_params.to_json(),
            "prim_func": tvm.ir.save_json(task.func), "desc": task.desc, "v": RECORD_VERSION}
     return json.dumps(obj) + "\n"
 
 
-def _scan_workload_keys(path: Path) -> tuple[set[str], bool]:
-    """Workload keys already in ``path`` and whether it ends with a newline (an absent file does)."""
-    keys: set[str] = set()
-    last = b"\n"
-    if not path.exists():
-        return keys, True
+def _scan_workload_lines(path: Path) -> tuple[dict[str, list[bytes]], bool]:
+    """The workload lines of each key in ``path``, in file order, and whether it ends with a newline."""
+    found: dict[str, list[bytes]] = {}
     with open(path, "rb") as f:
-        for line in f:
-            last = line
-            if line.startswith(_WORKLOAD_PREFIX):
+        for _, raw, _ in _lines(f, path, []):
+            if raw.startswith(b'{"workload"'):  # the writer always puts this key first
                 try:
-                    obj = json.loads(line)
-                except ValueError:
+                    key = parse_workload_line(parse_line(raw)).key
+                except CorruptLine:
                     continue
-                if isinstance(obj, dict) and isinstance(obj.get("workload"), str):
-                    keys.add(obj["workload"])
-    return keys, last.endswith(b"\n")
+                found.setdefault(key, []).append(raw)
+        size = f.seek(0, os.SEEK_END)
+        ends_clean = size == 0 or (f.seek(size - 1), f.read(1))[1] == b"\n"
+    return found, ends_clean
+
+
+def _last_program(lines: list[bytes]) -> Optional[tvm.tirx.PrimFunc]:
+    """The PrimFunc of the last of these workload lines that loads (what the loader reads records with)."""
+    for raw in reversed(lines):
+        try:
+            wl = parse_workload_line(parse_line(raw))
+            return load_prim_func(wl.key, wl.prim_func)
+        except CorruptLine:
+            continue
+    return None
+
+
+def _check_regular(fd_or_path: Union[int, PathLike], path: PathLike) -> None:
+    """Refuse devices, FIFOs, sockets and directories: reading ``/dev/zero`` would never end."""
+    mode = os.fstat(fd_or_path).st_mode if isinstance(fd_or_path, int) else os.stat(fd_or_path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise RecordError(f"{path} is {kind}, not a log file; give a regular file (example: --log-file logs/mm.json)")
+
+
+def _lock(fd: int, path: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _lock_holder(fd)
+        who = f"another tuner (pid {holder})" if holder else "another tuner"
+        raise RecordError(f"{path} is being written by {who}; use another --log-file or wait for it to "
+                          "finish") from None
+    except OSError as err:
+        if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            raise RecordError(f"{path}: cannot lock log ({err.strerror or err})") from None
+        logger.warning("%s: this file system cannot lock files; make sure no other tuner writes this log", path)
+
+
+def _lock_holder(fd: int) -> Optional[int]:
+    """The pid holding an ``flock`` on ``fd``'s file, from ``/proc/locks`` (Linux), or ``None``."""
+    st = os.fstat(fd)
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 5 and parts[1] == "FLOCK" and parts[5] == ident and parts[4].isdigit():
+                    return int(parts[4])
+    except OSError:
+        pass
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- loading
-class _Corrupt(Exception):
-    """A line that cannot become a record; the message is the reason shown in the warning."""
-
-
 @dataclass(frozen=True)
 class _Workload:
     """A workload line after its PrimFunc was loaded."""
@@ -217,85 +357,13 @@ class _Workload:
     desc: str
 
 
-class _LoadCache:
-    """What one load call parses once: PrimFunc texts, target strings, steps; one task per program+target.
-
-    Structurally equal programs under the same key share one PrimFunc object (and so one task) across
-    files; a key whose program differs from one loaded earlier keeps its own, with a warning.
-    """
-
-    def __init__(self) -> None:
-        self._func_by_text: dict[str, tvm.tirx.PrimFunc] = {}
-        self._funcs_by_key: dict[str, list[tvm.tirx.PrimFunc]] = {}
-        self._targets: dict[str, tvm.target.Target] = {}
-        self._tasks: dict[tuple[str, int, str, tuple[int, ...]], SearchTask] = {}
-        self._steps: dict[tuple, Step] = {}
-
-    def steps(self, data: list) -> tuple[Step, ...]:
-        """Parse a step list; records of one search share most steps, so each distinct one is parsed once."""
-        out = []
-        for item in data:
-            try:  # lists become tuples so a step's JSON can key the memo (deeper nesting is never valid)
-                memo_key = tuple(tuple(v) if type(v) is list else v for v in item)
-                step = self._steps.get(memo_key)
-            except TypeError:
-                memo_key, step = None, None
-            if step is None:
-                try:
-                    step = step_from_json(item)
-                except StepError as err:
-                    raise _Corrupt(_first_line(err)) from None
-                if memo_key is not None:
-                    self._steps[memo_key] = step
-            out.append(step)
-        return tuple(out)
-
-    def func(self, key: str, text: str, where: str) -> tvm.tirx.PrimFunc:
-        func = self._func_by_text.get(text)
-        if func is not None:
-            return func
-        try:
-            func = tvm.ir.load_json(text)
-        except Exception as err:  # TVM raises several types for malformed JSON graphs
-            raise _Corrupt(f"workload {key!r}: cannot load prim_func ({_first_line(err)})") from None
-        if not isinstance(func, tvm.tirx.PrimFunc):
-            raise _Corrupt(f"workload {key!r}: prim_func holds a {type(func).__name__}, not a PrimFunc")
-        known = self._funcs_by_key.setdefault(key, [])
-        same = next((f for f in known if tvm_ffi.structural_equal(f, func)), None)
-        if same is None:
-            if known:
-                logger.warning("%s: workload %r is a different program from one loaded earlier under the "
-                               "same key; its records keep their own program", where, key)
-            known.append(func)
-            same = func
-        self._func_by_text[text] = same
-        return same
-
-    def task(self, wl: _Workload, target: str, hw: tuple[int, ...]) -> SearchTask:
-        ident = (wl.key, id(wl.func), target, hw)
-        task = self._tasks.get(ident)
-        if task is None:
-            tgt = self._targets.get(target)
-            if tgt is None:
-                try:
-                    tgt = self._targets[target] = parse_target(target)
-                except TargetError as err:
-                    raise _Corrupt(str(err)) from None
-            try:
-                params = HardwareParams.from_json(list(hw))
-            except TypeError:
-                raise _Corrupt(f"hardware parameters {list(hw)} do not match HardwareParams") from None
-            task = self._tasks[ident] = SearchTask(wl.func, tgt, workload_key=wl.key, hardware=params,
-                                                   desc=wl.desc)
-        return task
-
-
 def load_records(path_or_paths: Union[PathLike, Iterable[PathLike]], *, workload_key: Optional[str] = None,
                  target: Union[str, tvm.target.Target, None] = None) -> list[Record]:
     """Read the records of one or several logs, in file order.
 
-    Corrupt lines (not JSON, truncated, wrong shape, unknown step, another version, or a workload whose
-    workload line is missing from the same file) are skipped with one warning each, naming file and line.
+    Nothing a line holds makes this fail: each unusable line (not JSON, truncated, too long, wrong shape or
+    types, an unknown step, another version, a workload line whose PrimFunc is refused, a record with no
+    usable workload line of its key in the same file) is skipped with one warning naming file and line.
 
     Parameters
     ----------
@@ -309,7 +377,7 @@ def load_records(path_or_paths: Union[PathLike, Iterable[PathLike]], *, workload
     Raises
     ------
     RecordError
-        If a file is missing or unreadable.
+        If a file is missing, unreadable, not a regular file, or larger than :data:`MAX_LOG_BYTES`.
     """
     if isinstance(path_or_paths, (str, os.PathLike)):
         paths: list[PathLike] = [path_or_paths]
@@ -318,117 +386,100 @@ def load_records(path_or_paths: Union[PathLike, Iterable[PathLike]], *, workload
     want_target = None
     if target is not None:
         want_target = target_to_str(parse_target(target))
-    cache = _LoadCache()
+    cache = LoadCache()
     records: list[Record] = []
     for path in paths:
-        records.extend(_load_file(path, workload_key, want_target, cache))
+        with _open_log(path) as f:
+            records.extend(_load_file(f, path, workload_key, want_target, cache))
     return records
 
 
-def _load_file(path: PathLike, want_key: Optional[str], want_target: Optional[str],
-               cache: _LoadCache) -> list[Record]:
+def _open_log(path: PathLike) -> BinaryIO:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO must not wait
     except OSError as err:
         raise RecordError(f"{path}: cannot read log ({err.strerror or err})") from None
-    lines = data.split(b"\n")
-    # Text after the last newline is a line whose newline never came: most likely torn by a crash.
-    torn = len(lines) if lines[-1].strip() else 0
-    if not torn:
-        lines.pop()
-    workloads: dict[str, _Workload] = {}
-    pending: list[tuple[int, dict]] = []
+    try:
+        _check_regular(fd, path)
+        size = os.fstat(fd).st_size
+        if size > MAX_LOG_BYTES:
+            raise RecordError(f"{path} has {size / 2 ** 30:.1f} GiB, more than the {MAX_LOG_BYTES // 2 ** 30} GiB "
+                              "a log may have; split it, or keep its best records with distill")
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _lines(f: BinaryIO, path: PathLike, skipped: list[tuple[int, str]]) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, bytes, torn) of each non-blank line; a line over :data:`MAX_LINE_BYTES` goes to ``skipped``.
+
+    ``torn``: the last line has no newline, most likely because a crash cut it.
+    """
+    total = 0
+    for lineno in range(1, 2 ** 62):
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        total += len(raw)
+        if len(raw) > MAX_LINE_BYTES:
+            while raw and not raw.endswith(b"\n"):  # skip the rest of the line without holding it
+                raw = f.readline(2 ** 20)
+                total += len(raw)
+            skipped.append((lineno, f"line longer than {MAX_LINE_BYTES} bytes"))
+        elif raw.strip():
+            yield lineno, raw, not raw.endswith(b"\n")
+        if total > MAX_LOG_BYTES:  # the file grew past the limit while being read
+            skipped.append((lineno, f"stopped reading: the log passed {MAX_LOG_BYTES} bytes"))
+            return
+
+
+def _load_file(f: BinaryIO, path: PathLike, want_key: Optional[str], want_target: Optional[str],
+               cache: LoadCache) -> list[Record]:
+    """A record is read with the last usable workload line of its key above it, else the first below it."""
     skipped: list[tuple[int, str]] = []
-    for lineno, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
+    current: dict[str, _Workload] = {}
+    waiting: dict[str, list[tuple[int, RecordLine]]] = {}  # records above any usable workload line of their key
+    records: list[tuple[int, Record]] = []
+
+    def bind(lineno: int, line: RecordLine, wl: _Workload) -> None:
         try:
-            obj = _parse_json(raw, truncated=lineno == torn)
+            steps = cache.steps(line.steps)
+            task = cache.task(wl.key, wl.func, wl.desc, line.target, line.hw)
+        except CorruptLine as err:
+            skipped.append((lineno, str(err)))
+            return
+        records.append((lineno, Record(task, steps, line.result)))
+
+    for lineno, raw, torn in _lines(f, path, skipped):
+        try:
+            obj = parse_line(raw, truncated=torn)
             if "workload" in obj:
-                wl = _parse_workload(obj, want_key, cache, f"{path}:{lineno}")
-                if wl is not None and wl.key not in workloads:
-                    workloads[wl.key] = wl
-            else:
-                pending.append((lineno, obj))
-        except _Corrupt as err:
-            skipped.append((lineno, str(err)))
-    # Records are resolved after the whole file was read, so the order of workload lines does not matter.
-    records = []
-    for lineno, obj in pending:
-        try:
-            rec = _parse_record(obj, want_key, want_target, workloads, cache)
-        except _Corrupt as err:
+                wl_line = parse_workload_line(obj)
+                if want_key is not None and wl_line.key != want_key:
+                    continue
+                wl = current[wl_line.key] = _Workload(wl_line.key, cache.func(wl_line, f"{path}:{lineno}"),
+                                                      wl_line.desc)
+                for n, line in waiting.pop(wl.key, []):
+                    bind(n, line, wl)
+                continue
+            line = parse_record_line(obj, want_key, want_target)
+        except CorruptLine as err:
             skipped.append((lineno, str(err)))
             continue
-        if rec is not None:
-            records.append(rec)
+        if line is None:
+            continue
+        wl = current.get(line.key)
+        if wl is None:
+            waiting.setdefault(line.key, []).append((lineno, line))
+        else:
+            bind(lineno, line, wl)
+    for key, lines in waiting.items():
+        skipped.extend((n, f"no usable workload line for {key!r} in this file") for n, _ in lines)
     for lineno, reason in sorted(skipped):
         logger.warning("%s:%d: skipped corrupt record (%s)", path, lineno, reason)
-    return records
-
-
-def _parse_json(raw: bytes, truncated: bool) -> dict:
-    try:
-        obj = json.loads(raw)
-    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
-        raise _Corrupt("truncated line" if truncated else f"not JSON: {_first_line(err)}") from None
-    if not isinstance(obj, dict):
-        raise _Corrupt(f"a JSON {type(obj).__name__}, not an object")
-    if obj.get("v") != RECORD_VERSION:
-        raise _Corrupt(f"version {obj.get('v')!r}, expected {RECORD_VERSION!r}")
-    return obj
-
-
-def _parse_workload(obj: dict, want_key: Optional[str], cache: _LoadCache, where: str) -> Optional[_Workload]:
-    key, text, desc = obj.get("workload"), obj.get("prim_func"), obj.get("desc", "")
-    if not isinstance(key, str) or not isinstance(text, str) or not isinstance(desc, str):
-        raise _Corrupt("workload line needs string fields workload, prim_func and desc")
-    if want_key is not None and key != want_key:
-        return None
-    return _Workload(key, cache.func(key, text, where), desc)
-
-
-def _parse_record(obj: dict, want_key: Optional[str], want_target: Optional[str],
-                  workloads: dict[str, _Workload], cache: _LoadCache) -> Optional[Record]:
-    try:
-        (key, target, hw), (_, steps_json) = obj["i"]
-        costs, error_no, all_cost, timestamp = obj["r"]
-    except (KeyError, TypeError, ValueError):
-        raise _Corrupt('wrong shape: expected "i": [[key, target, hw], [[], steps]] and '
-                       '"r": [costs, error_no, all_cost, timestamp]') from None
-    _check(isinstance(key, str) and isinstance(target, str), "workload key and target must be strings")
-    if (want_key is not None and key != want_key) or (want_target is not None and target != want_target):
-        return None
-    _check(isinstance(hw, list) and all(type(v) is int for v in hw), "hardware parameters must be integers")
-    _check(isinstance(steps_json, list), "steps must be a list")
-    _check(isinstance(costs, list) and all(_is_number(c) for c in costs), "costs must be numbers")
-    _check(type(error_no) is int and _is_number(all_cost) and _is_number(timestamp),
-           "error_no must be an integer, all_cost and timestamp numbers")
-    _check(error_no in _ERROR_CODES, f"error_no {error_no} is not an Ansor error code")
-    node = obj.get("node", "")
-    _check(isinstance(node, str), "node must be a string")
-    wl = workloads.get(key)
-    if wl is None:
-        raise _Corrupt(f"no usable workload line for {key!r} in this file")
-    steps = cache.steps(steps_json)
-    result = MeasureResult(tuple(float(c) for c in costs), ErrorNo(error_no), "", float(all_cost), float(timestamp), node)
-    return Record(cache.task(wl, target, tuple(hw)), steps, result)
-
-
-def _check(ok: bool, reason: str) -> None:
-    if not ok:
-        raise _Corrupt(f"wrong shape: {reason}")
-
-
-def _is_number(value: Any) -> bool:
-    return type(value) in (int, float)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    line = text[0] if text else type(err).__name__
-    return line if len(line) <= _MAX_REASON else line[:_MAX_REASON] + "..."
+    records.sort(key=lambda item: item[0])
+    return [rec for _, rec in records]
 
 
 # ---------------------------------------------------------------------------------------------- distill

@@ -139,7 +139,11 @@ def hardware_params(target: tvm.target.Target, overrides: Optional[dict[str, int
     else:
         cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else physical_cores()
         vector = 16
-        for feature, width in (("avx512f", 64), ("avx2", 32), ("avx", 32)):
+        triple = str(target.attrs.get("mtriple", ""))
+        # x86 features only mean something on x86, and LLVM 22 under TVM 0.27 crashes the process (SIGSEGV)
+        # when asked about a triple it does not know (a target from a log is data from anywhere).
+        x86 = not triple or triple.split("-")[0] in ("x86_64", "i386", "i486", "i586", "i686")
+        for feature, width in (("avx512f", 64), ("avx2", 32), ("avx", 32)) if x86 else ():
             try:
                 if tvm.target.codegen.target_has_features(feature, target):
                     vector = width

@@ -25,6 +25,7 @@ Deliberate differences from Ansor (TVM 0.27 has no TE schedules, only TensorIR):
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Optional, Union
 
@@ -243,31 +244,66 @@ def step_to_json(step: Step) -> list[Any]:
 
 
 def step_from_json(data: list[Any]) -> Step:
-    """Inverse of :func:`step_to_json`; malformed input raises :class:`StepError`."""
-    if not isinstance(data, list) or not data or data[0] not in STEP_TYPES:
-        raise StepError(f"not a transform step: {data!r} (known tags: {', '.join(STEP_TYPES)})")
-    cls = STEP_TYPES[data[0]]
+    """Inverse of :func:`step_to_json`; malformed input raises :class:`StepError`.
+
+    Strict, because the data comes from log files: an int field takes only a JSON integer of int64 range
+    (not ``4.0``, ``1e999``, ``"4"`` or ``true``), a bool field 0/1 (or true/false), a tuple field a list
+    of such integers (``null`` where a length may be unknown), and annotations and pragmas only the
+    values :data:`ANNOTATIONS` and :data:`PRAGMAS` allow.
+    """
+    tag = data[0] if isinstance(data, list) and data else None
+    cls = STEP_TYPES.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise StepError(f"not a transform step: {_short(data)} (known tags: {', '.join(STEP_TYPES)})")
     names = [f.name for f in fields(cls)]
     if len(data) - 1 != len(names):
-        raise StepError(f"{data[0]} step needs {len(names)} fields ({', '.join(names)}), got {data!r}")
+        raise StepError(f"{tag} step needs {len(names)} fields ({', '.join(names)}), got {_short(data)}")
     kwargs: dict[str, Any] = {}
     for name, value in zip(names, data[1:]):
-        kind = cls.__annotations__[name]
-        try:
-            if kind == "int":
-                value = int(value)
-            elif kind == "bool":
-                value = bool(value)
-            elif kind == "str":
-                value = str(value)
-            elif kind == "Optional[int]":
-                value = None if value is None else int(value)
-            elif kind.startswith("tuple"):
-                value = tuple(None if v is None else int(v) for v in value)
-        except (TypeError, ValueError) as err:
-            raise StepError(f"bad field {name}={value!r} in {data!r}") from err
-        kwargs[name] = value
-    return cls(**kwargs)
+        ok, kwargs[name] = _field_from_json(cls.__annotations__[name], value)
+        if not ok:
+            raise StepError(f"bad field {name}={_short(value)} in {_short(data)}")
+    step = cls(**kwargs)
+    if isinstance(step, AnnotationStep) and step.annotation not in ANNOTATIONS:
+        raise StepError(f"unknown annotation {_short(step.annotation)}; valid: {', '.join(ANNOTATIONS)}")
+    if isinstance(step, PragmaStep):
+        name, _, value = step.pragma.partition("$")
+        if name not in PRAGMAS or not (value.isascii() and value.isdigit()) or len(value) > 9:
+            raise StepError(f"bad pragma {_short(step.pragma)}; expected NAME$INT with NAME in {', '.join(PRAGMAS)}")
+    return step
+
+
+#: Longest string and tuple a step field may hold in JSON (names and scopes are short; tuples are loop lists).
+_MAX_JSON_STR = 256
+_MAX_JSON_TUPLE = 64
+_INT64 = 2 ** 63
+
+
+def _field_from_json(kind: str, value: Any) -> tuple[bool, Any]:
+    """(fits, value as the step holds it) for one field of annotation ``kind``."""
+    if kind == "int" or kind == "Optional[int]":
+        if value is None:
+            return kind == "Optional[int]", None
+        return type(value) is int and -_INT64 <= value < _INT64, value
+    if kind == "bool":
+        return type(value) in (int, bool) and value in (0, 1), bool(value) if type(value) in (int, bool) else None
+    if kind == "str":
+        return type(value) is str and len(value) <= _MAX_JSON_STR, value
+    # tuple[int, ...] or tuple[Optional[int], ...]
+    if type(value) is not list or len(value) > _MAX_JSON_TUPLE:
+        return False, None
+    nullable = "Optional" in kind
+    fits = all((type(v) is int and -_INT64 <= v < _INT64) or (v is None and nullable) for v in value)
+    return fits, tuple(value)
+
+
+def _short(value: Any) -> str:
+    """A bounded repr for messages: log data may be huge or deeply nested."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxstring, _REPR.maxother = 3, 8, 60, 60
 
 
 def steps_to_json(steps: "list[Step] | tuple[Step, ...]") -> list[list[Any]]:

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
-from .errors import AnsorError
+from .errors import AnsorError, StepError
 from .loop_state import State
 from .measure.types import MeasureInput, MeasureResult
-from .records import Record, load_records
+from .records import Record, distinct_records, load_records, other_targets_message
 from .search_task import SearchTask
 from .sketch.policy import SearchParams, SketchPolicy
 
@@ -69,18 +69,39 @@ class TuneResult:
     rounds: list[RoundReport] = field(default_factory=list)
 
 
-def feed_history(task: SearchTask, records: Sequence[Record], policy: SketchPolicy,
-                 model: CostModel) -> tuple[float, Optional[State]]:
-    """Teach the policy and the model what a log already measured; returns the best (cost, state) in it."""
-    inputs = [MeasureInput(task, task.compute_dag.state_from_steps(r.steps)) for r in records]
-    results = [r.result for r in records]
+@dataclass
+class History:
+    """What :func:`feed_history` taught a search: how many distinct states, and the best of them."""
+
+    count: int
+    best_cost: float
+    best_state: Optional[State]
+
+
+def feed_history(task: SearchTask, records: Sequence[Record], policy: SketchPolicy, model: CostModel) -> History:
+    """Teach the policy and the model what a log already measured, each distinct state once.
+
+    A state measured twice (two tuners on one log) counts once toward the budget. A record whose steps do
+    not fit the task's program (a damaged log) is left out with a warning instead of stopping the resume.
+    """
+    inputs, results, unfit = [], [], []
+    for rec in distinct_records(records):
+        try:
+            inputs.append(MeasureInput(task, task.compute_dag.state_from_steps(rec.steps)))
+        except StepError as err:
+            unfit.append(str(err))
+            continue
+        results.append(rec.result)
+    if unfit:
+        logger.warning("%d records of %s do not fit its program and were not resumed (first: %s)", len(unfit),
+                       task.workload_key, unfit[0])
     policy.record(inputs, results)
     model.update(inputs, results)
     best_cost, best_state = float("inf"), None
     for inp, res in zip(inputs, results):
         if res.ok and res.mean_cost < best_cost:
             best_cost, best_state = res.mean_cost, inp.state
-    return best_cost, best_state
+    return History(len(inputs), best_cost, best_state)
 
 
 def auto_schedule(task: SearchTask, options: TuningOptions, measurer: Measurer, model: CostModel,
@@ -94,11 +115,15 @@ def auto_schedule(task: SearchTask, options: TuningOptions, measurer: Measurer, 
     if resume_from:
         records = load_records(resume_from, workload_key=task.workload_key, target=task.target)
         if records:
-            best_cost, best_state = feed_history(task, records, policy, model)
-            resumed = len(records)
+            history = feed_history(task, records, policy, model)
+            best_cost, best_state, resumed = history.best_cost, history.best_state, history.count
             logger.info("resumed %d records of %s from %s", resumed, task.workload_key, resume_from)
             if on_resume:
                 on_resume(resumed)
+        else:
+            note = other_targets_message(resume_from, task.target, {task.workload_key})
+            if note:
+                logger.warning("resuming nothing: %s", note)
     trials, since_best = resumed, 0
     reports: list[RoundReport] = []
     while trials < options.num_measure_trials:

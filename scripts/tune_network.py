@@ -159,7 +159,8 @@ def tune(args: argparse.Namespace, extraction, target, log_file: Path, table: "T
     with RecordWriter(log_file) as writer, make_measurer(args, [writer.write, table.measured]) as measurer:
         tune_tasks(tasks, weights, args.n_trials, measurer, model, per_round=args.per_round,
                    strategy=args.strategy, early_stopping=args.early_stopping, seed=args.seed,
-                   resume_from=str(log_file) if resume else None, on_round=table.round_done,
+                   resume_from=str(log_file) if resume else None,
+                   on_round=lambda rnd: (writer.sync(), table.round_done(rnd)),  # each round on disk
                    first=[default_candidates(t) for t in tasks],
                    time_limit=None if args.minutes is None else args.minutes * 60)
     table.stop()
@@ -238,8 +239,8 @@ class TaskTable:
     # -- data
     def load(self, log_file: Path, target) -> None:
         """Count the log's measurements of these tasks (what the scheduler resumes from)."""
-        from ansor.records import load_records
-        for rec in load_records(log_file, target=target):
+        from ansor.records import distinct_records, load_records
+        for rec in distinct_records(load_records(log_file, target=target)):  # a state measured twice is one trial
             i = self.index.get(rec.workload_key)
             if i is not None:
                 self._add(i, rec.result)

@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             result = auto_schedule(task, options, measurer, model,
                                    resume_from=str(log_file) if args.resume and log_file.exists() else None,
-                                   on_resume=lambda n: bar.update(min(n, args.n_trials)))
+                                   on_resume=lambda n: bar.update(min(n, args.n_trials)),
+                                   on_round=lambda _: writer.sync())  # each round on disk, power loss too
         except KeyboardInterrupt:
             bar.close()
             print(f"\ninterrupted: finished measurements are in {log_file}; rerun with --resume",

@@ -1,4 +1,5 @@
-"""Tests for ansor.records: writing, crash tolerance, self-contained replay, best-of, resume and distill.
+"""Tests for ansor.records: writing, crash tolerance, self-contained replay, best-of, resume and distill;
+appending to logs of another version or program, the writer's lock and sync, and resume's counting.
 
 Everything uses real TVM programs (matmul-64 / matmul-32) and real states; the self-containedness check
 replays a state in a fresh interpreter that is not allowed to look up the workload registry.
@@ -6,6 +7,7 @@ replays a state in a fresh interpreter that is not allowed to look up the worklo
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,8 +19,8 @@ import tvm_ffi
 from ansor.errors import RecordError
 from ansor.measure.types import MAX_COST, ErrorNo, MeasureInput, MeasureResult
 from ansor.records import (
-    RECORD_VERSION, Record, RecordWriter, best_record, best_records, distill, load_records, measured_keys,
-    save_records, state_identity,
+    RECORD_VERSION, Record, RecordWriter, best_record, best_records, distill, distinct_records, load_records,
+    log_targets, measured_keys, other_targets_message, save_records, state_identity,
 )
 from ansor.search_task import SearchTask
 
@@ -303,3 +305,137 @@ def test_bad_workload_line_and_same_key_with_another_program(tmp_path, task, sma
     tvm.ir.assert_structural_equal(second.task.func, small_task.func)
     (message,) = warnings_of(caplog)
     assert message.startswith(f"{path_b}:1: workload 'matmul-64' is a different program")
+
+
+# --------------------------------------------------------------------------------- appending to old logs
+def _rewrite_workload_line(path, change):
+    lines = path.read_text().splitlines()
+    head = json.loads(lines[0])
+    change(head)
+    path.write_text("\n".join([json.dumps(head)] + lines[1:]) + "\n")
+
+
+@pytest.mark.parametrize("damage", [
+    lambda head: head.update(v="ansor-0.0"),  # written by another version of the format
+    lambda head: head.update(prim_func=head["prim_func"].replace('"ir.IntImm"', '"ir.NoSuchImm"')),  # another TVM
+], ids=["other version", "unloadable prim_func"])
+def test_appending_after_a_version_change_keeps_new_records_readable(tmp_path, task, states, damage, caplog):
+    path = tmp_path / "old.json"
+    write(path, task, states[:2], [ok(1.0), ok(2.0)])
+    _rewrite_workload_line(path, damage)
+    write(path, task, states[2:4], [ok(3.0), ok(4.0)])
+    workload_lines = [line for line in path.read_text().splitlines() if line.startswith('{"workload"')]
+    assert len(workload_lines) == 2  # a fresh, loadable one before the new records
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        records = load_records(path)
+    costs = [r.result.costs[0] for r in records]
+    assert costs[-2:] == [3.0, 4.0] and [r.steps for r in records[-2:]] == [tuple(s.steps) for s in states[2:4]]
+    assert warnings_of(caplog)[0].startswith(f"{path}:1: skipped corrupt record")
+    write(path, task, states[4:5], [ok(5.0)])  # the fresh line is now the usable one: not written again
+    assert sum(line.startswith('{"workload"') for line in path.read_text().splitlines()) == 2
+
+
+def test_same_key_now_another_program_gets_its_own_workload_line(tmp_path, task, small_task, states):
+    path = tmp_path / "redefined.json"
+    write(path, task, states[:2], [ok(1.0), ok(2.0)])
+    impostor = SearchTask(small_task.func, task.target, workload_key="matmul-64")  # the key's program changed
+    write(path, impostor, [make_state(impostor, 2, 2)], [ok(3.0)])
+    write(path, impostor, [make_state(impostor, 4, 4)], [ok(4.0)])  # its line is now the key's last one
+    assert sum(line.startswith('{"workload"') for line in path.read_text().splitlines()) == 2
+    records = load_records(path)
+    assert [r.result.costs[0] for r in records] == [1.0, 2.0, 3.0, 4.0]
+    for rec, func in zip(records, [task.func, task.func, small_task.func, small_task.func]):
+        tvm.ir.assert_structural_equal(rec.task.func, func)  # each record read with the program it measured
+    assert str(records[3].state) == str(make_state(impostor, 4, 4))
+
+
+def test_unchecked_results_round_trip(tmp_path, task, states):
+    path = tmp_path / "unchecked.json"
+    unchecked = MeasureResult((1e-3,), ErrorNo.NO_ERROR, checked=False)
+    write(path, task, states[:2], [ok(2e-3), unchecked])
+    lines = path.read_text().splitlines()
+    assert "unchecked" not in lines[1] and json.loads(lines[2])["unchecked"] == 1
+    assert [r.result.checked for r in load_records(path)] == [True, False]
+
+
+# ------------------------------------------------------------------------------------ locking and sync
+def test_second_writer_is_refused_across_processes(tmp_path, task, states):
+    path = tmp_path / "locked.json"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from ansor.records import RecordWriter
+        with RecordWriter({str(path)!r}):
+            print("open", flush=True)
+            sys.stdin.readline()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(RecordError, match=rf"^{path} is being written by another tuner \(pid {holder.pid}\); "
+                                              "use another --log-file"):
+            RecordWriter(path)
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert holder.returncode == 0
+    write(path, task, states[:1], [ok(1.0)])  # the lock went with the other process
+    assert len(load_records(path)) == 1
+
+
+def test_sync_fsyncs_only_what_is_new(tmp_path, task, states, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    with RecordWriter(tmp_path / "sync.json") as writer:
+        writer.write([MeasureInput(task, s) for s in states[:3]], [ok(1.0)] * 3)
+        assert synced == []
+        writer.sync()
+        writer.sync()  # nothing new: no second fsync
+        assert len(synced) == 1
+        writer.write([MeasureInput(task, states[3])], [ok(1.0)])
+    assert len(synced) == 2  # close syncs the last record
+    with RecordWriter(tmp_path / "each.json", fsync=True) as writer:
+        writer.write([MeasureInput(task, s) for s in states[:3]], [ok(1.0)] * 3)
+    assert len(synced) == 5
+
+
+# ------------------------------------------------------------------------------------------ resuming
+def test_resume_counts_each_state_once(tmp_path, task, states):
+    from ansor.cost_model import RandomModel
+    from ansor.tuning import TuningOptions, auto_schedule
+
+    path = tmp_path / "twice.json"
+    write(path, task, states[:4], [ok(1.0), ok(2.0), failed(), ok(3.0)])
+    write(path, task, states[:4], [ok(1.5), ok(0.5), ok(2.5), failed()])  # a second tuner measured them again
+    records = load_records(path)
+    distinct = distinct_records(records)
+    assert len(records) == 8 and len(distinct) == 4
+    assert [r.result.mean_cost for r in distinct] == pytest.approx([1.05, 0.525, 2.625, 3.15])  # best valid each
+    # Four distinct states meet a budget of four: nothing is measured (no measurer is even needed).
+    result = auto_schedule(task, TuningOptions(num_measure_trials=4), measurer=None, model=RandomModel(),
+                           resume_from=str(path))
+    assert result.resumed == result.trials == 4 and result.rounds == []
+    assert result.best_state.steps == states[1].steps and result.best_cost == pytest.approx(0.525)
+
+
+def test_resume_for_another_target_names_the_targets_the_log_holds(tmp_path, task, states, caplog):
+    from ansor.cost_model import RandomModel
+    from ansor.task_scheduler import tune_tasks
+    from ansor.tuning import TuningOptions, auto_schedule
+
+    other = SearchTask.from_workload("matmul-64", target=OTHER_TARGET)
+    path = tmp_path / "other.json"
+    write(path, other, states[:3], [ok(1.0)] * 3)
+    assert log_targets(path) == {other.target_str: 3}
+    assert log_targets(path, {"matmul-32"}) == {}
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        # early_stopping=0 stops before the first measurement: only the resume runs.
+        result = auto_schedule(task, TuningOptions(num_measure_trials=8, early_stopping=0), measurer=None,
+                               model=RandomModel(), resume_from=str(path))
+        tune_tasks([task], [1.0], 0, measurer=None, model=RandomModel(), resume_from=str(path))
+    assert result.resumed == 0
+    notes = warnings_of(caplog)
+    assert len(notes) == 2
+    for note in notes:
+        assert note.startswith(f"resuming nothing: {path} holds no record of these tasks for target "
+                               f"{task.target_str}, but 3 for {other.target_str}")
+        assert note.endswith(f"tune with --target '{other.target_str}'")
+    assert other_targets_message(path, other.target) is None  # records of the target asked for: no note

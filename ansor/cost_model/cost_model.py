@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
+import stat
 import zipfile
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -84,7 +86,7 @@ class RandomModel(CostModel):
     def from_file(cls, header: dict[str, Any], arrays: dict[str, np.ndarray], path: PathLike) -> "RandomModel":
         try:
             return cls(seed=int(header["seed"]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise CostModelError(f"{path}: damaged random cost model header") from None
 
 
@@ -102,7 +104,7 @@ def load_model(path: PathLike) -> CostModel:
     if header["kind"] == "xgb":
         from .xgb_model import XGBModel  # XGBoost is imported only by models that use it
         return XGBModel.from_file(header, arrays, path)
-    raise CostModelError(f"{path}: unknown cost model kind {header['kind']!r} (known: random, xgb)")
+    raise CostModelError(f"{path}: unknown cost model kind {reprlib.repr(header['kind'])} (known: random, xgb)")
 
 
 def write_model_file(path: PathLike, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -121,20 +123,47 @@ def write_model_file(path: PathLike, header: dict[str, Any], arrays: dict[str, n
 
 
 def read_model_file(path: PathLike, kind: str | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The header and arrays of a model file; ``kind``: also check the header names that kind."""
+    """The header and arrays of a model file; ``kind``: also check the header names that kind.
+
+    The file is untrusted data: a device or FIFO is refused before reading (``/dev/zero`` would never
+    end), and a header nested deeper than any model writes is refused before anything walks it.
+    """
+    not_model = f"{path}: not a cost model file (save one with scripts/train_cost_model.py)"
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise CostModelError(f"{path} is not a regular file; give a model file (save one with "
+                                 "scripts/train_cost_model.py)")
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
         header = json.loads(arrays.pop("header").tobytes().decode("utf-8"))
     except OSError as err:
         raise CostModelError(f"{path}: cannot read model ({err.strerror or err})") from None
-    except (ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, UnicodeDecodeError, EOFError):
-        raise CostModelError(f"{path}: not a cost model file (save one with scripts/train_cost_model.py)") from None
-    if not isinstance(header, dict) or header.get("format") != MODEL_FORMAT or "kind" not in header:
-        raise CostModelError(f"{path}: not a cost model file (save one with scripts/train_cost_model.py)")
+    except (ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile, UnicodeDecodeError, EOFError,
+            RecursionError):
+        raise CostModelError(not_model) from None
+    if not isinstance(header, dict) or _nesting(header) > _MAX_HEADER_NESTING:
+        raise CostModelError(not_model)
+    if header.get("format") != MODEL_FORMAT or not isinstance(header.get("kind"), str):
+        raise CostModelError(not_model)
     if header.get("version") != MODEL_VERSION:
-        raise CostModelError(f"{path}: model file version {header.get('version')!r}, this ansor reads "
+        raise CostModelError(f"{path}: model file version {reprlib.repr(header.get('version'))}, this ansor reads "
                              f"version {MODEL_VERSION}")
     if kind is not None and header["kind"] != kind:
         raise CostModelError(f"{path}: holds a {header['kind']!r} model, not a {kind!r} one (use load_model)")
     return header, arrays
+
+
+#: Deepest nesting of a model header (the XGBoost header: header -> params -> a list).
+_MAX_HEADER_NESTING = 4
+
+
+def _nesting(value: Any) -> int:
+    """How deeply lists and dicts nest in a JSON value, without recursion (the value is untrusted)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            if level <= _MAX_HEADER_NESTING:  # deeper is refused anyway; do not walk it
+                stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest

@@ -241,7 +241,8 @@ class XGBModel(CostModel):
             model.data = TrainingSet.from_arrays(arrays, list(header["task_keys"]), header["max_programs_per_task"])
             if "booster" in arrays:
                 model.booster = xgb.Booster(model_file=bytearray(arrays["booster"].tobytes()))
-        except (KeyError, TypeError, ValueError, IndexError, CostModelError, xgb.core.XGBoostError) as err:
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError, CostModelError,
+                xgb.core.XGBoostError) as err:
             raise CostModelError(f"{path}: damaged xgb cost model ({type(err).__name__}: {err})") from None
         return model
 

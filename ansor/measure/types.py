@@ -62,6 +62,9 @@ class MeasureResult:
     all_cost: float = 0.0
     timestamp: float = field(default_factory=time.time)
     node: str = ""
+    #: False when the candidate was timed without checking its output against the reference (stored in a
+    #: log as ``"unchecked": 1``), so its speed may belong to a wrong program.
+    checked: bool = True
 
     @property
     def mean_cost(self) -> float:

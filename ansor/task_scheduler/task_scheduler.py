@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 
 from ..measure.types import MAX_COST, MeasureInput
 from ..loop_state import State
-from ..records import load_records
+from ..records import load_records, other_targets_message
 from ..search_task import SearchTask
 from ..sketch.policy import SearchParams, SketchPolicy
 from ..tuning import feed_history
@@ -190,7 +190,7 @@ def _tag(task: SearchTask) -> str:
 
 def _resume(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Allocator, model,
             path: str) -> int:
-    """Replay a log into the policies, the model and the allocator; returns the trials it holds."""
+    """Replay a log into the policies, the model and the allocator; returns the distinct trials it holds."""
     by_key: dict[str, list] = {}
     for record in load_records(path, target=tasks[0].target if tasks else None):
         by_key.setdefault(record.workload_key, []).append(record)
@@ -199,8 +199,13 @@ def _resume(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Al
         records = by_key.get(task.workload_key, [])
         if not records:
             continue
-        best_cost, _ = feed_history(task, records, policies[i], model)
-        alloc.record(i, len(records), min(best_cost, MAX_COST))
-        used += len(records)
+        history = feed_history(task, records, policies[i], model)
+        if history.count:
+            alloc.record(i, history.count, min(history.best_cost, MAX_COST))
+            used += history.count
     logger.info("resumed %d records from %s", used, path)
+    if not used and tasks:
+        note = other_targets_message(path, tasks[0].target, {t.workload_key for t in tasks})
+        if note:
+            logger.warning("resuming nothing: %s", note)
     return used
