@@ -110,16 +110,18 @@ def huge_number(rng, lines):
 
 
 def _leaves(value, path=()):
-    """Paths to every scalar and list inside a parsed line."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _leaves(v, path + (k,))
-    elif isinstance(value, list):
-        yield path
-        for k, v in enumerate(value):
-            yield from _leaves(v, path + (k,))
-    else:
-        yield path
+    """Paths to every scalar and list inside a parsed line (iterative: an earlier mutation may have nested
+    the line deeper than Python's recursion limit)."""
+    out, todo = [], [(value, path)]
+    while todo:
+        value, path = todo.pop()
+        if isinstance(value, dict):
+            todo.extend((v, path + (k,)) for k, v in value.items())
+            continue
+        out.append(path)
+        if isinstance(value, list):
+            todo.extend((v, path + (k,)) for k, v in enumerate(value))
+    return out
 
 
 def wrong_type(rng, lines):
