@@ -21,11 +21,11 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from ..measure.types import MAX_COST, MeasureInput
 from ..loop_state import State
-from ..records import load_records
+from ..records import Record, load_records
 from ..search_task import SearchTask
 from ..sketch.policy import SearchParams, SketchPolicy
 from ..tuning import feed_history
@@ -140,20 +140,32 @@ def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: 
                per_round: int = 16, strategy: str = "gradient", early_stopping: Optional[int] = None,
                seed: int = 0, search: Optional[SearchParams] = None, resume_from: Optional[str] = None,
                on_round: Optional[Callable[[SchedulerRound], None]] = None,
-               first: Optional[Sequence[Sequence[State]]] = None) -> Allocator:
+               first: Optional[Sequence[Sequence[State]]] = None,
+               history: Optional[Mapping[str, Sequence[Record]]] = None,
+               tuned_elsewhere: Optional[Mapping[str, Sequence[Record]]] = None) -> Allocator:
     """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator.
 
     ``first[i]``: states of task ``i`` measured in its first round, before anything searched. A network
     passes each task's default schedule, so a tuned task is never slower than its untuned build.
+    ``history`` (records by workload key, like the log ``resume_from``) continues this run: it counts
+    towards ``n_trials``. ``tuned_elsewhere`` (a database's records of other runs) teaches the policies,
+    the model and the allocator, but its tasks get no rounds and its records do not count.
     """
     states = [TaskState(float(w), t.flop_ct, tag=_tag(t)) for t, w in zip(tasks, weights)]
     alloc = Allocator(states, strategy=strategy, early_stopping=early_stopping, seed=seed)
     firsts = list(first) if first is not None else [()] * len(tasks)
     policies = [SketchPolicy(t, model, seed=seed + i, params=search, first=f)
                 for i, (t, f) in enumerate(zip(tasks, firsts))]
-    used = 0
+    by_key: dict[str, list[Record]] = {k: list(v) for k, v in (history or {}).items()}
     if resume_from:
-        used = _resume(tasks, policies, alloc, model, resume_from)
+        for record in load_records(resume_from, target=tasks[0].target if tasks else None):
+            by_key.setdefault(record.workload_key, []).append(record)
+    used = _feed(tasks, policies, alloc, model, by_key) if by_key else 0
+    elsewhere = {k: v for k, v in (tuned_elsewhere or {}).items() if v and not by_key.get(k)}
+    if elsewhere:
+        _feed(tasks, policies, alloc, model, elsewhere)
+        for i, task in enumerate(tasks):
+            alloc.tasks[i].dead = alloc.tasks[i].dead or task.workload_key in elsewhere
     while used < n_trials:
         index = alloc.next_task()
         if index is None:
@@ -183,12 +195,9 @@ def _tag(task: SearchTask) -> str:
     return "conv2d" if "conv2d" in name else ("dense" if "matmul" in name or "dense" in name else "")
 
 
-def _resume(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Allocator, model,
-            path: str) -> int:
-    """Replay a log into the policies, the model and the allocator; returns the trials it holds."""
-    by_key: dict[str, list] = {}
-    for record in load_records(path, target=tasks[0].target if tasks else None):
-        by_key.setdefault(record.workload_key, []).append(record)
+def _feed(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Allocator, model,
+          by_key: Mapping[str, Sequence[Record]]) -> int:
+    """Replay records into the policies, the model and the allocator; returns how many fed a task."""
     used = 0
     for i, task in enumerate(tasks):
         records = by_key.get(task.workload_key, [])
@@ -197,5 +206,5 @@ def _resume(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Al
         best_cost, _ = feed_history(task, records, policies[i], model)
         alloc.record(i, len(records), min(best_cost, MAX_COST))
         used += len(records)
-    logger.info("resumed %d records from %s", used, path)
+    logger.info("%d records of %d tasks from earlier runs", used, sum(1 for t in tasks if by_key.get(t.workload_key)))
     return used
