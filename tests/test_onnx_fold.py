@@ -149,6 +149,51 @@ def test_exported_transformer_loads_extracts_and_matches_numpy(tmp_path):
     np.testing.assert_allclose(out[0], reference(ids, mask), rtol=1e-4, atol=1e-5)
 
 
+def test_torch_export_with_dynamic_axes_matches_torch(tmp_path):
+    """A BERT-style layer written the way Hugging Face writes it, exported by torch.onnx with dynamic axes."""
+    torch = pytest.importorskip("torch", reason="torch is optional (pip install 'ansor[torch]')")
+    import math
+    import warnings
+
+    class Layer(torch.nn.Module):
+        def __init__(self, hidden=32, heads=4):
+            super().__init__()
+            self.word, self.pos = torch.nn.Embedding(100, hidden), torch.nn.Embedding(64, hidden)
+            self.register_buffer("position_ids", torch.arange(64).expand((1, -1)), persistent=False)
+            self.qkv = torch.nn.ModuleList(torch.nn.Linear(hidden, hidden) for _ in range(3))
+            self.heads, self.head_dim = heads, hidden // heads
+
+        def split(self, x):
+            return x.view(x.size()[:-1] + (self.heads, self.head_dim)).permute(0, 2, 1, 3)
+
+        def forward(self, input_ids, attention_mask):
+            batch, seq = input_ids.size()
+            x = self.word(input_ids) + self.pos(self.position_ids[:, :seq])
+            mask = attention_mask[:, None, None, :].expand(batch, 1, seq, seq).to(x.dtype)
+            mask = (1.0 - mask).masked_fill((1.0 - mask).to(torch.bool), torch.finfo(x.dtype).min)
+            q, k, v = (self.split(f(x)) for f in self.qkv)
+            probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + mask, dim=-1)
+            context = (probs @ v).permute(0, 2, 1, 3).contiguous()
+            return context.view(context.size()[:-2] + (self.heads * self.head_dim,))
+
+    torch.manual_seed(0)
+    layer = Layer().eval()
+    ids, mask = torch.randint(0, 100, (2, 16)), torch.ones(2, 16, dtype=torch.int64)
+    mask[1, 10:] = 0
+    path = tmp_path / "layer.onnx"
+    dynamic = {0: "batch", 1: "seq"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter is deprecated in favour of torch.export's
+        torch.onnx.export(layer, (ids, mask), str(path), input_names=["input_ids", "attention_mask"],
+                          opset_version=17, dynamo=False,
+                          dynamic_axes={"input_ids": dynamic, "attention_mask": dynamic})
+    net = load_onnx(path, shapes={"input_ids": (2, 16), "attention_mask": (2, 16)})
+    out = run(build(net.mod, TARGET, fused=False), net, [ids.numpy(), mask.numpy()], TARGET)
+    with torch.no_grad():
+        want = layer(ids, mask).numpy()
+    np.testing.assert_allclose(out[0], want, rtol=1e-4, atol=1e-5)
+
+
 def test_hugging_face_bert_export():
     torch = pytest.importorskip("torch", reason="exporting real BERT needs torch (optional, not in the test extra)")
     transformers = pytest.importorskip("transformers",

@@ -10,9 +10,10 @@ basic-level graph optimisation does, and leaves every other node alone.
 
 A node is folded when every input is a constant (an initializer, a ``Constant`` or a folded value) —
 ``Shape`` and ``Size`` need only their input's static shape, from ONNX shape inference — its op is one of
-:data:`FOLDERS`, and its output has at most ``max_elements`` elements. Folding repeats until nothing
-changes (a folded shape lets shape inference find more static shapes). Nodes producing graph outputs and
-nodes with subgraphs stay. The model keeps computing the same function for these input shapes.
+:data:`FOLDERS`, and its output has at most ``max_elements`` elements; it is replaced by ``Constant``
+nodes. Folding repeats until nothing changes (a folded shape lets shape inference find more static
+shapes). Nodes producing graph outputs and nodes with subgraphs stay. The model keeps computing the same
+function for these input shapes.
 """
 
 from __future__ import annotations
@@ -235,8 +236,13 @@ def _static_shapes(model: Any, input_shapes: Mapping[str, tuple[int, ...]]) -> d
 
 
 def _fold_pass(graph: Any, shapes: Mapping[str, tuple[int, ...]], max_elements: int, counts: Counter) -> int:
-    """Fold what can be folded now; rewrites ``graph`` in place and returns the number of folded nodes."""
-    from onnx import numpy_helper
+    """Fold what can be folded now; rewrites ``graph`` in place and returns the number of folded nodes.
+
+    A folded node becomes ``Constant`` nodes, not initializers: TVM's importer turns initializers into
+    function parameters (``keep_params_in_input``), and a shape that is a parameter is a run-time shape
+    again. ``Constant`` nodes and initializers nothing reads any more are removed.
+    """
+    from onnx import helper, numpy_helper
 
     init_protos = {init.name: init for init in graph.initializer}
     constants: dict[str, np.ndarray] = {}
@@ -253,42 +259,54 @@ def _fold_pass(graph: Any, shapes: Mapping[str, tuple[int, ...]], max_elements: 
             return constants[name]
         return None
 
-    folded_nodes = []
+    nodes, folded = [], 0
     for node in graph.node:
         if any(o in keep_outputs for o in node.output) or _has_subgraph(node):
+            nodes.append(node)
             continue
         try:
             outputs = _evaluate(node, value, shapes)
         except _CannotFold:
-            continue
+            outputs = None
         if outputs is None or any(o.size > max_elements for o in outputs):
+            nodes.append(node)
             continue
         for name, array in zip(node.output, outputs):
             constants[name] = array
-        folded_nodes.append(node)
-    if not folded_nodes:
-        return 0
-    for node in folded_nodes:
+        if node.op_type == "Constant":
+            nodes.append(node)
+            continue
         counts[node.op_type] += 1
-    folded_ids = {id(n) for n in folded_nodes}
-    remaining = [n for n in graph.node if id(n) not in folded_ids]
-    used = _used_names(remaining) | keep_outputs
-    new_inits = [numpy_helper.from_array(constants[name], name)
-                 for node in folded_nodes for name in node.output if name in used]
-    old_inits = [init for init in graph.initializer if init.name in used]
+        folded += 1
+        nodes.extend(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name))
+                     for name, array in zip(node.output, outputs))
+    nodes = _without_dead_constants(nodes, keep_outputs)
+    used = _used_names(nodes) | keep_outputs
     dropped = {init.name for init in graph.initializer} - used
+    if not folded and not dropped and len(nodes) == len(graph.node):
+        return 0
+    kept_inits = [init for init in graph.initializer if init.name in used]
     del graph.node[:]
-    graph.node.extend(remaining)
+    graph.node.extend(nodes)
     del graph.initializer[:]
-    graph.initializer.extend(old_inits + new_inits)
-    stale = {name for node in folded_nodes for name in node.output}
-    kept_info = [v for v in graph.value_info if v.name not in stale]
+    graph.initializer.extend(kept_inits)
+    kept_info = [v for v in graph.value_info if v.name not in constants]
     del graph.value_info[:]
     graph.value_info.extend(kept_info)
     kept_inputs = [v for v in graph.input if v.name not in dropped]
     del graph.input[:]
     graph.input.extend(kept_inputs)
-    return len(folded_nodes)
+    return folded
+
+
+def _without_dead_constants(nodes: list, keep_outputs: set[str]) -> list:
+    """``nodes`` without the ``Constant`` nodes whose output nothing reads."""
+    while True:
+        used = _used_names(nodes) | keep_outputs
+        alive = [n for n in nodes if n.op_type != "Constant" or any(o in used for o in n.output)]
+        if len(alive) == len(nodes):
+            return nodes
+        nodes = alive
 
 
 def _evaluate(node: Any, value: Callable[[str], Optional[np.ndarray]],
