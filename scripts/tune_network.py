@@ -50,8 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "cost model, and are never measured again")
     parser.add_argument("--database", default=None, metavar="DIR",
                         help="a directory of logs: a task some log there tuned for this target is done (its "
-                             "best record is used, it gets no trials); the log defaults to "
-                             "DIR/<network>-b<batch>.json, so the database grows with every run")
+                             "best record is used, it gets no trials; with --resume the run's own log is "
+                             "continued instead); the log defaults to DIR/<network>-b<batch>.json, so the "
+                             "database grows with every run")
     parser.add_argument("--export", default=None, metavar="DIR",
                         help="write the tuned build to DIR: model.so, params.bin, model.json, README.md "
                              "(loads and runs with tvm alone)")
@@ -148,7 +149,7 @@ def tune(args: argparse.Namespace, extraction, log_file: Path, database, table: 
 
     if args.resume and not log_file.exists():
         print(f"note: {log_file} does not exist yet; starting a fresh log", file=sys.stderr)
-    elif not args.resume and log_file.exists() and log_file.stat().st_size > 0:
+    elif not args.resume and database is None and log_file.exists() and log_file.stat().st_size > 0:
         print(f"note: appending to the existing {log_file} without reading it (use --resume to continue it)",
               file=sys.stderr)
 

@@ -5,10 +5,11 @@ cost model and one Ray measurer, measuring each task's default schedule first (s
 slower than its default build). History comes from two places:
 
 * the run's own log (``resume=True``): its records count towards ``trials`` and the run continues them;
-* a :class:`~ansor.database.Database`: a task that another log of the database tuned for this target is
+* a :class:`~ansor.database.Database`: a task that a log of the database tuned for this target is
   **done**: its records teach the cost model and give its best latency, but it gets no new trials and
   they do not count towards ``trials`` (the budget goes to the new tasks). So tuning ResNet-101 after
-  ResNet-50 measures none of the tasks they share.
+  ResNet-50 measures none of the tasks they share. With ``resume``, the run's own log (which may lie in
+  the database directory) is continued instead of counted as done.
 """
 
 from __future__ import annotations
@@ -131,7 +132,9 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
         for rec in load_records(path, target=target):
             if rec.workload_key in keys:
                 own.setdefault(rec.workload_key, []).append(rec)
-    reused = {k: v for k, v in (db.history(keys, target, exclude=[path]) if db else {}).items() if k not in own}
+    # Without resume the run's own log is one more log of the database (a rerun finds its tasks done).
+    exclude = [path] if resume else []
+    reused = {k: v for k, v in (db.history(keys, target, exclude=exclude) if db else {}).items() if k not in own}
     if on_history:
         on_history(own, reused)
     resumed = sum(len(v) for v in own.values())
