@@ -88,6 +88,20 @@ class BlockInfo:
     def reads_of(self, buffer: str) -> list[Access]:
         return [a for a in self.reads if a.buffer == buffer]
 
+    def plain_axes(self, buffer: str) -> Optional[dict[str, int]]:
+        """``{var: axis}`` when every read of ``buffer`` is ``buffer[v0, v1, ...]`` with distinct plain block
+        variables (how a weight is read), else None."""
+        accesses = self.reads_of(buffer)
+        if not accesses or any(a.indices != accesses[0].indices for a in accesses[1:]):
+            return None
+        axes: dict[str, int] = {}
+        for d, index in enumerate(accesses[0].indices):
+            var = index.single_var() if index is not None and index.const == 0 else None
+            if var is None or var in axes:
+                return None
+            axes[var] = d
+        return axes
+
     def write_buffers(self) -> list[str]:
         return [a.buffer for a in self.writes]
 

@@ -12,20 +12,43 @@ from typing import Optional, Sequence
 import numpy as np
 import tvm
 
+from .layout_rewrite import PackedLayout, pack_arguments, packed_layouts
 from .loop_state import State
 from .search_task import SearchTask
 
 
 def schedule(task: SearchTask, state: Optional[State]) -> tvm.IRModule:
-    """The scheduled module of ``state`` (``None``: the unscheduled program)."""
+    """The scheduled module of ``state`` (``None``: the unscheduled program); it takes the original arguments
+    (constant weights it packs are packed by layout-rewrite blocks inside it, which a network build folds)."""
     if state is None:
         return task.compute_dag.mod
     return task.compute_dag.replay(state).mod
 
 
+def kernel(task: SearchTask, state: Optional[State],
+           scheduled: Optional[tvm.IRModule] = None) -> tuple[tvm.IRModule, list[PackedLayout]]:
+    """What measurement times: the scheduled module (``scheduled``, if the caller has it) without its
+    weight-packing blocks, and the layouts its pre-packed arguments take
+    (:func:`~ansor.layout_rewrite.pack_arguments` makes them)."""
+    mod = scheduled if scheduled is not None else schedule(task, state)
+    layouts = packed_layouts(state) if state is not None else []
+    if layouts:
+        func = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)["main"]
+        # TVM's pass leaves the function's type with the unpacked argument shapes: rebuild it from its params.
+        mod = tvm.IRModule({"main": tvm.tirx.PrimFunc(func.params, func.body, func.ret_type, func.attrs)})
+    return mod, layouts
+
+
 def build(task: SearchTask, state: Optional[State]) -> tvm.runtime.Module:
-    """Compile ``state`` for the task's target; returns a runnable module (``mod["main"]``)."""
+    """Compile ``state`` for the task's target; returns a runnable module (``mod["main"]``) that takes the
+    original arguments."""
     return tvm.compile(schedule(task, state), target=task.target).jit()
+
+
+def build_kernel(task: SearchTask, state: Optional[State]) -> tuple[tvm.runtime.Module, list[PackedLayout]]:
+    """Compile :func:`kernel`: the program as measured (constant weights pre-packed)."""
+    mod, layouts = kernel(task, state)
+    return tvm.compile(mod, target=task.target).jit(), layouts
 
 
 def arg_specs(task: SearchTask) -> list[tuple[tuple[int, ...], str]]:
@@ -56,13 +79,15 @@ def run(task: SearchTask, module: tvm.runtime.Module, arrays: Sequence[np.ndarra
 
 
 def time_module(task: SearchTask, module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
-                repeat: int = 10, min_repeat_ms: int = 200, device: Optional[tvm.runtime.Device] = None) -> float:
+                repeat: int = 10, min_repeat_ms: int = 200, device: Optional[tvm.runtime.Device] = None,
+                layouts: Sequence[PackedLayout] = ()) -> float:
     """Median seconds per run, with the CPU cache flushed before each repeat (inputs cold, as in a network).
 
+    ``layouts``: the module is a :func:`build_kernel` taking pre-packed weights; ``arrays`` are packed first.
     Threads come from ``TVM_NUM_THREADS``, read once when the runtime starts: set it before calling.
     """
     dev = device or tvm.cpu()
-    tensors = [tvm.runtime.tensor(a, dev) for a in arrays]
+    tensors = [tvm.runtime.tensor(a, dev) for a in pack_arguments(layouts, arrays)]
     flush = "cache_flush_cpu_non_first_arg" if dev.dlpack_device_type() == tvm.cpu().dlpack_device_type() else ""
     timer = module.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms,
                                   f_preproc=flush)

@@ -238,7 +238,7 @@ def tuned_task_count(tasks, log: "os.PathLike | Sequence[os.PathLike]", target) 
     return sum(1 for t in tasks if t.workload_key in best)
 
 
-def evaluate_network(net, extraction, log: "os.PathLike | Sequence[os.PathLike]", target, repeat: int = 10,
+def evaluate_network(extraction, log: "os.PathLike | Sequence[os.PathLike]", target, repeat: int = 10,
                      min_repeat_ms: int = 200) -> NetworkEvaluation:
     """Build the default and the tuned network, compare their outputs, and time both.
 
@@ -250,6 +250,7 @@ def evaluate_network(net, extraction, log: "os.PathLike | Sequence[os.PathLike]"
     tuned_mod = apply_history_best(extraction.mod, extraction.tasks, log, target=target)
     default_mod = apply_best(extraction.mod, extraction.tasks, {}, target=target)
     tuned_exe, default_exe = build(tuned_mod, target), build(default_mod, target)
+    net = extraction.network
     comparison = compare_outputs(net, tuned_exe, default_exe, target)
     default = time_network(default_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
     tuned = time_network(tuned_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)

@@ -74,7 +74,12 @@ class ComputeDAG:
         self.buffer_shapes: dict[str, tuple[int, ...]] = {}
         self.buffer_dtypes: dict[str, str] = {}
         self.stages: tuple[DagStage, ...] = tuple(self._analyse())
-        self.param_buffers = frozenset(p.name for p in func.params)
+        #: Argument names in call order, and those the caller promises are constants (TVM's
+        #: ``layout_free_buffers`` attribute: network weights), whose layout the schedule may choose.
+        self.param_names: tuple[str, ...] = tuple(p.name for p in func.params)
+        self.param_buffers = frozenset(self.param_names)
+        free = func.attrs.get("layout_free_buffers", ()) if func.attrs is not None else ()
+        self.layout_free = frozenset(self.param_names[int(i)] for i in free)
         self._index = {s.name: i for i, s in enumerate(self.stages)}
 
     # ------------------------------------------------------------------ analysis

@@ -17,8 +17,8 @@ from .access import Access, Affine, BlockInfo, BlockVar, LoopPart, region_extent
 from .errors import StepError
 from .transform_steps import (
     ANNOTATIONS, PRAGMAS, AnnotationStep, CacheReadStep, CacheWriteStep, ComputeAtStep, ComputeInlineStep,
-    ComputeRootStep, FollowFusedSplitStep, FollowSplitStep, FuseStep, PragmaStep, ReorderStep, RfactorStep,
-    SplitStep, Step, StorageAlignStep, split_lengths,
+    ComputeRootStep, FollowFusedSplitStep, FollowSplitStep, FuseStep, LayoutRewriteStep, PragmaStep, ReorderStep,
+    RfactorStep, SplitStep, Step, StorageAlignStep, split_lengths,
 )
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class Stage:
     compute_at: str = ROOT
     attach: tuple[int, int] = (-1, -1)  # (stage id, iterator id) when compute_at == ATTACHED
     origin: int = -1  # the ComputeDAG stage this block comes from; -1 for stages a step added
+    packed: tuple[str, ...] = ()  # arguments read through a copy in this stage's loop order (LR steps)
 
 
 class State:
@@ -133,6 +134,9 @@ class State:
 
     def compute_root(self, stage_id: int) -> None:
         self.apply(ComputeRootStep(stage_id))
+
+    def layout_rewrite(self, stage_id: int, buffer: str) -> None:
+        self.apply(LayoutRewriteStep(stage_id, buffer))
 
     def cache_read(self, stage_id: int, buffer: str, scope: str,
                    reader_stage_ids: Optional[Sequence[int]] = None) -> int:
@@ -527,6 +531,19 @@ def _apply_rfactor(state: State, step: RfactorStep) -> None:
     _insert_stage(state, step.stage_id, rf_stage)
 
 
+def _apply_layout_rewrite(state: State, step: LayoutRewriteStep) -> None:
+    stage = state._stage(step.stage_id)
+    if stage.compute_at != ROOT:
+        raise StepError(f"layout rewrite of {step.buffer}: stage {step.stage_id} ({stage.name}) must be at the root")
+    if step.buffer not in state.dag.param_buffers or step.buffer not in stage.block.read_buffers():
+        raise StepError(f"layout rewrite: stage {step.stage_id} ({stage.name}) does not read an argument named "
+                        f"{step.buffer!r}")
+    if step.buffer in stage.packed or stage.block.plain_axes(step.buffer) is None:
+        raise StepError(f"layout rewrite of {step.buffer} for stage {step.stage_id} ({stage.name}): already "
+                        "packed, or not read as buffer[v0, v1, ...]")
+    _set_stage(state, step.stage_id, replace(stage, packed=stage.packed + (step.buffer,)))
+
+
 _HANDLERS: dict[type, Callable[[State, Step], None]] = {
     SplitStep: _apply_split,
     FollowSplitStep: _apply_split,
@@ -542,4 +559,5 @@ _HANDLERS: dict[type, Callable[[State, Step], None]] = {
     CacheReadStep: _apply_cache_read,
     CacheWriteStep: _apply_cache_write,
     RfactorStep: _apply_rfactor,
+    LayoutRewriteStep: _apply_layout_rewrite,
 }

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Sequence
 import tvm
 
 from .errors import StepError
+from .layout_rewrite import PREPROC_ANNOTATION, packed_layout
 from .loop_state import State
 from .transform_steps import (
     AnnotationStep, CacheReadStep, CacheWriteStep, ComputeAtStep, ComputeInlineStep, ComputeRootStep,
-    FollowFusedSplitStep, FollowSplitStep, FuseStep, PragmaStep, ReorderStep, RfactorStep, SplitStep, Step,
-    StorageAlignStep, split_lengths, step_to_json,
+    FollowFusedSplitStep, FollowSplitStep, FuseStep, LayoutRewriteStep, PragmaStep, ReorderStep, RfactorStep,
+    SplitStep, Step, StorageAlignStep, split_lengths, step_to_json,
 )
 
 if TYPE_CHECKING:
@@ -67,7 +68,45 @@ def replay(dag: "ComputeDAG", steps: Sequence[Step], verify: bool = False,
             _check(sch, state, blocks, step)
     if postprocess:
         _decompose_reductions(sch, state, blocks)
+    try:
+        _rewrite_layouts(sch, state, blocks)
+    except StepError:
+        raise
+    except Exception as err:  # TVM refuses a layout it cannot prove bijective, and the like
+        raise StepError(f"TVM rejected a layout rewrite: {_reason(err)}") from None
     return sch
+
+
+def _rewrite_layouts(sch: tvm.s_tir.Schedule, state: State, blocks: list) -> None:
+    """Apply the ``LR`` steps: each packed argument is read through a copy in the stage's loop order.
+
+    A constant argument's copy is marked as TVM's layout-rewrite preprocessing, which a network build moves
+    out of the kernel and folds; a runtime input's copy is scheduled to run in parallel inside the kernel.
+    """
+    for sid, stage in enumerate(state.stages):
+        for buffer in stage.packed:
+            layout = packed_layout(state, sid, buffer)
+            reads = [r.source for r in sch.get(blocks[sid]).reads]
+            index = next((k for k, r in enumerate(reads) if r.name == buffer), None)
+            if index is None:
+                raise StepError(f"layout rewrite: block {stage.name} does not read {buffer!r}")
+            index_map = layout.index_map(str(reads[index].shape[0].ty))
+            copy = P.cache_read(sch, blocks[sid], index, "global")
+            P.transform_layout(sch, blocks[sid], ("read", index), index_map)
+            if buffer in state.dag.layout_free:
+                P.annotate(sch, copy, PREPROC_ANNOTATION, 1)
+            else:
+                _schedule_copy(sch, copy, index_map, layout.dims[-1].extent)
+
+
+def _schedule_copy(sch: tvm.s_tir.Schedule, copy, index_map, innermost: int) -> None:
+    """Walk a runtime packing copy in packed order: outer dimensions in parallel, the innermost vectorized."""
+    P.transform_block_layout(sch, copy, index_map)
+    loops = P.get_loops(sch, copy)
+    if len(loops) > 1:
+        P.parallel(sch, P.fuse(sch, *loops[:-1]) if len(loops) > 2 else loops[0])
+    if 1 < innermost <= 64:
+        P.vectorize(sch, P.get_loops(sch, copy)[-1])
 
 
 def _decompose_reductions(sch: tvm.s_tir.Schedule, state: State, blocks: list) -> None:
@@ -152,6 +191,8 @@ def _apply(sch: tvm.s_tir.Schedule, state: State, blocks: list, step: Step) -> N
     elif isinstance(step, RfactorStep):
         loop = _own_loops(sch, state, blocks, sid)[step.iter_id]
         blocks.insert(sid, P.rfactor(sch, loop, step.factor_iter_id))
+    elif isinstance(step, LayoutRewriteStep):
+        pass  # applied after every other step, when the stage's loops are final (_rewrite_layouts)
     else:
         raise StepError(f"not a transform step: {step!r}")
 
@@ -226,6 +267,8 @@ def steps_to_code(dag: "ComputeDAG", steps: Sequence[Step]) -> str:
         elif isinstance(step, CacheWriteStep):
             out = stage.block.writes[0].buffer
             code = f'{_ident(out + "_" + step.scope)} = sch.cache_write({blk}, 0, "{step.scope}")'
+        elif isinstance(step, LayoutRewriteStep):
+            code = f"# {stage.name} reads {step.buffer} packed in its loop order (after every other step)"
         else:
             code = f"{_ident(stage.name + '_rf')} = sch.rfactor({loop(step.iter_id)}, {step.factor_iter_id})"
         before = len(state.stages)

@@ -1,4 +1,4 @@
-"""The 14 transform steps of Ansor as plain, frozen data.
+"""The 14 transform steps of Ansor, and our layout rewrite, as plain, frozen data.
 
 A step says *what* to do to one stage of a loop state; it knows nothing about how. Two interpreters give it
 meaning: :mod:`ansor.loop_state` applies steps to a cheap Python :class:`~ansor.loop_state.State` (the
@@ -19,6 +19,8 @@ Deliberate differences from Ansor (TVM 0.27 has no TE schedules, only TensorIR):
   stage right *after* it; Ansor added the cache stage before. ``CHR`` adds the read stage before the reader.
 * ``CR`` asserts that a stage stays at the root scope: TensorIR cannot detach a computed-at block.
 * ``SA`` names an axis of the stage's output buffer, not an iterator.
+* ``LR`` (ours) packs an argument in the order the stage's loops read it; Ansor did this for constant
+  weights as an option of the whole DAG, not as a step (see :mod:`ansor.layout_rewrite`).
 """
 
 from __future__ import annotations
@@ -196,10 +198,22 @@ class RfactorStep:
     TAG: ClassVar[str] = "RF"
 
 
+@dataclass(frozen=True, slots=True)
+class LayoutRewriteStep:
+    """Stage ``stage_id`` reads argument ``buffer`` through a copy laid out in its final loop order.
+
+    Applied after every other step (the layout follows from the final loops); see :mod:`ansor.layout_rewrite`.
+    """
+
+    stage_id: int
+    buffer: str
+    TAG: ClassVar[str] = "LR"
+
+
 Step = Union[
     SplitStep, FollowSplitStep, FollowFusedSplitStep, ReorderStep, FuseStep, AnnotationStep, PragmaStep,
     StorageAlignStep, ComputeAtStep, ComputeInlineStep, ComputeRootStep, CacheReadStep, CacheWriteStep,
-    RfactorStep,
+    RfactorStep, LayoutRewriteStep,
 ]
 
 STEP_TYPES: dict[str, type] = {
@@ -207,7 +221,7 @@ STEP_TYPES: dict[str, type] = {
     for cls in (
         SplitStep, FollowSplitStep, FollowFusedSplitStep, ReorderStep, FuseStep, AnnotationStep, PragmaStep,
         StorageAlignStep, ComputeAtStep, ComputeInlineStep, ComputeRootStep, CacheReadStep, CacheWriteStep,
-        RfactorStep,
+        RfactorStep, LayoutRewriteStep,
     )
 }
 

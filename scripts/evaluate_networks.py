@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         target = parse_target_and_threads(args.target if args.target else (log_target([log]) or "host"))
         print(f"{log}: {net.name} batch {net.batch_size} ...", file=sys.stderr, flush=True)
         extraction = extract(net, target)
-        ev = evaluate_network(net, extraction, log, target, repeat=args.repeat)
+        ev = evaluate_network(extraction, log, target, repeat=args.repeat)
         threads = ev.tuned.num_threads
         if ev.tuned_tasks == 0:
             print(f"warning: {log} has no valid record of any task of {net.name} batch {net.batch_size} for "

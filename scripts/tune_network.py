@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-trials", type=int, default=1000,
                         help="total measurement budget over all tasks, resumed measurements included "
                              "(default 1000)")
+    parser.add_argument("--minutes", type=float, default=None, metavar="M",
+                        help="also stop tuning after M minutes of wall time (no new round starts; default: "
+                             "only --n-trials limits it)")
     parser.add_argument("--target", default="host",
                         help="'host' (this CPU, physical cores; default), 'llvm', 'llvm -mcpu=znver5 "
                              "-num-cores=2', or a JSON dict")
@@ -54,8 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "continued instead); the log defaults to DIR/<network>-b<batch>.json, so the "
                              "database grows with every run")
     parser.add_argument("--export", default=None, metavar="DIR",
-                        help="write the tuned build to DIR: model.so, params.bin, model.json, README.md "
-                             "(loads and runs with tvm alone)")
+                        help="write the tuned build to DIR: model.so, model.json, README.md (and params.bin "
+                             "when weights are run-time arguments); it loads and runs with tvm alone")
     parser.add_argument("--eval-only", action="store_true",
                         help="no tuning: apply the best schedules of --log-file and report the timing table")
     parser.add_argument("--per-round", type=int, default=16,
@@ -105,6 +108,10 @@ def run(args: argparse.Namespace, state: dict) -> int:
     check_positive("--per-round", args.per_round, "16")
     check_positive("--early-stopping", args.early_stopping, "64")
     check_positive("--repeat", args.repeat, "10")
+    if args.minutes is not None and not args.minutes > 0:
+        from ansor.errors import AnsorError
+        raise AnsorError(f"--minutes must be a positive number of minutes, got {args.minutes} "
+                         "(example: --minutes 10)")
     target = parse_target_and_threads(args.target, args.ray_address)  # sets TVM_NUM_THREADS first
     net = load_network(args.network, args.onnx, args.batch_size)
     database = open_database(args.database)
@@ -167,7 +174,7 @@ def tune(args: argparse.Namespace, extraction, log_file: Path, database, table: 
 
     result = tune_tasks(extraction.tasks, log_file, args.n_trials, options=tuning_options(args, [table.measured]),
                         database=database, strategy=args.strategy, resume=args.resume, on_round=table.round_done,
-                        on_history=history)
+                        on_history=history, time_limit=None if args.minutes is None else args.minutes * 60)
     table.stop()
     print(f"tuning: {result.total_measured} new trials ({table.resumed} resumed, {table.errors} failed, "
           f"{len(result.reused)} tasks from the database) in {time.time() - table.t0:.1f} s; log: {log_file}",
@@ -182,7 +189,7 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
         print(f"note: {where} has no measurement of this network's tasks: the tuned build is the default "
               "build", file=sys.stderr)
     print("building the default and the tuned network ...", file=sys.stderr)
-    ev = evaluate_network(net, extraction, logs, target, repeat=args.repeat)
+    ev = evaluate_network(extraction, logs, target, repeat=args.repeat)
     cmp_ = ev.comparison
     if not cmp_.ok:
         print(f"error: the tuned build's output differs from the default build's: max |difference| "
@@ -191,9 +198,9 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
         return EXIT_FAILED
     if args.export:
         from ansor.relax import export_network
-        library = export_network(ev.tuned_executable, net, args.export, target)
+        library = export_network(ev.tuned_executable, extraction.network, args.export, target)
         print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
-              f"{', params.bin' if net.weights else ''})")
+              f"{', params.bin' if extraction.network.weights else ''})")
     print(f"Output check: tuned == default build (max |difference| {cmp_.max_abs_error:.3g}, allowed "
           f"{cmp_.atol + cmp_.rtol * cmp_.scale:.3g})")
     print(f"Mean inference time (std dev): {ev.tuned.mean_ms:.3f} ms ({ev.tuned.std_ms:.3f} ms)")

@@ -33,6 +33,10 @@ from ansor.search_task import SearchTask
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_cost_model.py"
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128]
+# Features depend on the target's vector width and cores, so every task here names its CPU; no program of
+# this module runs, so neither needs to be this machine's.
+AVX2 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # 32-byte vectors: 8 fp32 lanes
+AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}  # 64-byte vectors: 16 lanes
 UNROLL = [0, 16, 64, 512]
 
 
@@ -64,7 +68,7 @@ FAILED = MeasureResult((MAX_COST,), ErrorNo.COMPILE_HOST, "synthetic failure")
 
 @pytest.fixture(scope="module")
 def task():
-    return SearchTask.from_workload("matmul-128")
+    return SearchTask.from_workload("matmul-128", AVX2)
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +120,17 @@ def test_features_are_deterministic_per_store_rows(task, make):
     assert not np.array_equal(first[0], first[2])  # tile sizes show in the features
 
 
-def test_state_features_of_a_known_nest(task):
-    """Loops i0(16) j0(4) k(128) i1(8) j1(32, vectorized), unroll pragma 16: values worked out by hand."""
+@pytest.mark.parametrize("target, lanes", [(AVX2, 8), (AVX512, 16)], ids=["avx2", "avx512"])
+def test_state_features_of_a_known_nest(target, lanes):
+    """Loops i0(16) j0(4) k(128) i1(8) j1(32, vectorized), unroll pragma 16: values worked out by hand, for
+    an AVX2 and an AVX-512 target (what depends on the lanes differs between them)."""
+    task = SearchTask.from_workload("matmul-128", target)
+    assert task.hardware_params.vector_unit_bytes == 4 * lanes
     row = dict(zip(FEATURE_NAMES, StateFeatureExtractor().extract(task, [tiled(task, 8, 32, 16)])[0][0]))
     lg = lambda x: np.float32(np.log2(1 + x))  # noqa: E731
     assert row["iterations"] == lg(128 ** 3) and row["flops"] == lg(2 * 128 ** 3) and row["loops"] == 5
-    assert row["vector_len"] == lg(32) and row["vector_innermost"] == 1 and row["vector_lanes_ratio"] == 2
+    assert row["vector_len"] == lg(32) and row["vector_innermost"] == 1
+    assert row["vector_lanes_ratio"] == 32 / lanes and row["vector_whole_lanes"] == 1
     assert row["auto_unroll_max"] == lg(16) and row["auto_unroll_body"] == lg(8)  # i1 fits, k does not
     assert row["parallel_extent"] == 0 and row["is_reduction"] == 1
     buffers = [{k.split("_", 1)[1]: v for k, v in row.items() if k.startswith(f"b{b}_")} for b in range(5)]
@@ -132,6 +141,9 @@ def test_state_features_of_a_known_nest(task):
     reuse = {(b["reuse_count"], b["reuse_distance"]) for b in buffers[:3]}
     assert reuse == {(lg(32), lg(12)), (lg(8), lg(260)), (lg(128), lg(4 * (8 + 32 + 256)))}
     assert sorted(b["stride_innermost"] for b in buffers[:3]) == [0, lg(1), lg(1)]
+    # An 8-wide vector loop fills a ymm register exactly and half a zmm register.
+    narrow = dict(zip(FEATURE_NAMES, StateFeatureExtractor().extract(task, [tiled(task, 8, 8, 16)])[0][0]))
+    assert narrow["vector_lanes_ratio"] == 8 / lanes and narrow["vector_whole_lanes"] == float(lanes == 8)
 
 
 def test_state_features_of_gpu_programs_show_thread_bindings():

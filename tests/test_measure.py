@@ -176,3 +176,23 @@ def test_cuda_candidates_run_on_the_gpu(local_ray):
     with ProgramMeasurer() as m:
         [result] = m.measure([MeasureInput(task, cuda_state(task))])
     assert result.ok, result.error_msg
+
+
+def test_prepacked_constant_weight_is_checked_and_timed(local_ray, matmul128):
+    """A constant weight packed by an LR step: the runner packs its input and the check still passes; a
+    packed runtime input is copied inside the kernel."""
+    const = SearchTask(matmul128.func.with_attr("layout_free_buffers", [1]), matmul128.target,
+                       workload_key="matmul-128-const-b")
+    inputs = []
+    for task in (const, matmul128):
+        s = task.compute_dag.init_state()
+        s.split(0, 0, [4])  # i0 i1 j k
+        s.split(0, 2, [16])  # i0 i1 j0 j1 k
+        s.reorder(0, [0, 2, 1, 4, 3])  # i0 j0 i1 k j1
+        s.annotate(0, 0, "parallel")
+        s.annotate(0, 4, "vectorize")
+        s.layout_rewrite(0, "B")
+        inputs.append(MeasureInput(task, s))
+    with ProgramMeasurer(min_repeat_ms=10) as m:
+        results = m.measure(inputs)
+    assert all(r.ok for r in results), [r.error_msg for r in results]

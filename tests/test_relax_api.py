@@ -117,11 +117,11 @@ def test_tune_compile_export_and_run_without_ansor(tuned_a, tmp_path):
 
 def test_apply_history_best_pass_in_a_users_pipeline(tuned_a):
     db, params, _ = tuned_a
-    mod = relax.transform.BindParams("main", params)(ModelA)
     target = ansor.target.parse_target(TARGET)
-    with target:
-        fused = relax.get_pipeline("zero")(mod)
-    scheduled = ansor.relax.ApplyHistoryBest(db, target, default=False)(fused)
+    pipeline = tvm.transform.Sequential([relax.transform.BindParams("main", params),
+                                         ansor.relax.PrepareAndFuse(target),
+                                         ansor.relax.ApplyHistoryBest(db, target, default=False)])
+    scheduled = pipeline(ModelA)
     tuned = [gv.name_hint for gv, f in scheduled.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and f.attrs.get("tirx.is_scheduled", False)]
     assert sorted(name.rstrip("0123456789") for name in tuned) == ["fused_conv2d_relu", "fused_matmul_add_relu"]
@@ -153,6 +153,26 @@ def test_network_b_after_a_measures_no_shared_task(tuned_a, tmp_path):
     again = ansor.relax.tune_relax(ModelB, params_of(ModelB), TARGET, tmp_path / "b2.json", trials=2,
                                    options=FAST, database=db)
     assert again.total_measured == 0 and len(again.reused) == 2
+
+
+def test_export_network_with_run_time_weights(tmp_path):
+    """A build whose weights are arguments (here TVM's own build of tiny-cnn): they go to params.bin."""
+    from ansor.networks import build, get_network, run
+
+    net = get_network("tiny-cnn", 1)
+    exe = build(net.mod, TARGET, fused=False)
+    library = ansor.relax.export_network(exe, net, tmp_path / "deploy", TARGET)
+    meta = json.loads((library.parent / "model.json").read_text())
+    assert meta["params_file"] == "params.bin" and [w["name"] for w in meta["weights"]] == [w.name for w in net.weights]
+    x = net.random_inputs(seed=2)[0]
+    np.save(tmp_path / "x.npy", x)
+    snippet = re.search(r"```python\n(.*?)```", (library.parent / "README.md").read_text(), re.S).group(1)
+    child = snippet + f"\nnp.save({str(tmp_path / 'y.npy')!r}, run(np.load({str(tmp_path / 'x.npy')!r}))[0])\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**env, "MODEL_DIR": str(library.parent)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), run(exe, net, [x], TARGET)[0], rtol=1e-5, atol=1e-6)
 
 
 def test_nn_module_extracts_compiles_and_matches_untuned():

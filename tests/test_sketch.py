@@ -14,9 +14,12 @@ from ansor.sketch.evolution import evolutionary_search, mutate_parallel, mutate_
 from ansor.sketch.rules import Cond, SketchRule, generate_sketches
 from ansor.workloads import get_workload
 
+# Sketches and annotation depend on the core count: name it (this CPU's mcpu, so the programs run here).
+TARGET = "llvm -num-cores=2"
+
 
 def task_with_cores(name: str, cores: int) -> SearchTask:
-    task = SearchTask.from_workload(name)
+    task = SearchTask.from_workload(name, TARGET)
     task.hardware_params = dataclasses.replace(task.hardware_params, num_cores=cores)
     return task
 
@@ -56,7 +59,7 @@ def test_user_rule_runs_first_and_can_replace_builtins():
         def apply(self, task, state, stage_id):
             return [(state, stage_id - 1)]
 
-    sketches = generate_sketches(SearchTask.from_workload("matmul-512"), extra_rules=(InlineNothingKeepRoot(),))
+    sketches = generate_sketches(SearchTask.from_workload("matmul-512", TARGET), extra_rules=(InlineNothingKeepRoot(),))
     assert len(sketches) == 1 and sketches[0].steps == []
 
 
@@ -90,7 +93,7 @@ def test_initial_population_replays_and_compiles(name):
 
 
 def test_random_programs_compute_the_right_answer():
-    task = SearchTask.from_workload("conv2d-bias-relu")
+    task = SearchTask.from_workload("conv2d-bias-relu", TARGET)
     wl = get_workload("conv2d-bias-relu")
     rng = random.Random(3)
     for state in sample_initial_population(task, generate_sketches(task), 4, rng):
@@ -100,7 +103,7 @@ def test_random_programs_compute_the_right_answer():
 
 
 def test_mutation_keeps_the_tile_product():
-    task = SearchTask.from_workload("matmul-512")
+    task = SearchTask.from_workload("matmul-512", TARGET)
     rng = random.Random(5)
     state = sample_initial_population(task, generate_sketches(task), 1, rng)[0]
     changed = 0
@@ -143,7 +146,7 @@ def test_parallel_mutation_changes_the_parallel_loop_and_stays_valid(wkl):
 
 def test_evolution_finds_what_the_scorer_likes_and_skips_excluded():
     """A scorer that prefers a long innermost j tile: evolution must climb towards it."""
-    task = SearchTask.from_workload("matmul-512")
+    task = SearchTask.from_workload("matmul-512", TARGET)
     rng = random.Random(1)
     population = sample_initial_population(task, generate_sketches(task), 64, rng)
 
@@ -161,7 +164,7 @@ def test_evolution_finds_what_the_scorer_likes_and_skips_excluded():
 def test_vectorize_only_contiguous_loops():
     """A strided vector access is a gather; fully unrolled it once took LLVM four minutes to compile."""
     from ansor.sketch.annotation import contiguous
-    state = SearchTask.from_workload("matmul-64").compute_dag.init_state()
+    state = SearchTask.from_workload("matmul-64", TARGET).compute_dag.init_state()
     c = state.stages[0]
     assert contiguous(c, c.iters[1:2])        # j: last dim of B and C, absent from A
     assert not contiguous(c, c.iters[0:1])    # i: first dim of A and C

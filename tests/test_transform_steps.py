@@ -6,8 +6,8 @@ from ansor import AnsorError, StepError
 from ansor.search_task import SearchTask
 from ansor.transform_steps import (
     STEP_TYPES, AnnotationStep, CacheReadStep, CacheWriteStep, ComputeAtStep, ComputeInlineStep,
-    ComputeRootStep, FollowFusedSplitStep, FollowSplitStep, FuseStep, PragmaStep, ReorderStep, RfactorStep,
-    SplitStep, StorageAlignStep, step_from_json, step_to_json,
+    ComputeRootStep, FollowFusedSplitStep, FollowSplitStep, FuseStep, LayoutRewriteStep, PragmaStep, ReorderStep,
+    RfactorStep, SplitStep, StorageAlignStep, step_from_json, step_to_json,
 )
 
 ONE_OF_EACH = [
@@ -25,12 +25,13 @@ ONE_OF_EACH = [
     CacheReadStep(1, "A", "shared", (1, 2)),
     CacheWriteStep(0, "local"),
     RfactorStep(0, 2, 1),
+    LayoutRewriteStep(0, "B"),
 ]
 
 
 def test_every_tag_has_a_step():
     assert sorted(STEP_TYPES) == sorted(
-        ["SP", "FSP", "FFSP", "RE", "FU", "AN", "PR", "SA", "CA", "CI", "CR", "CHR", "CHW", "RF"])
+        ["SP", "FSP", "FFSP", "RE", "FU", "AN", "PR", "SA", "CA", "CI", "CR", "CHR", "CHW", "RF", "LR"])
     assert {type(s).TAG for s in ONE_OF_EACH} == set(STEP_TYPES)
 
 

@@ -85,13 +85,14 @@ def test_each_task_measures_its_default_schedule_first(tuned):
 
     log, proc = tuned
     assert proc.returncode == 0, proc.stderr[-3000:]
-    first: dict[str, tuple] = {}
+    first_round: dict[str, list[tuple]] = {}  # a task's first round measures 2 programs (--per-round 2)
     for record in load_records(log):
-        first.setdefault(record.workload_key, record.steps)
+        first_round.setdefault(record.workload_key, []).append(record.steps)
     tasks = extract_tasks(get_network("tiny-cnn", batch_size=1), host_target())
     assert len(tasks) == TINY_TASKS
-    for t in tasks:  # the first measurement of every task is its default schedule: tuning never regresses
-        assert first[t.task.workload_key] == tuple(default_state(t.task).steps), t.task.desc
+    for t in tasks:  # every task's first round measures its default schedule: tuning never regresses
+        # (results are logged as they finish, so the default need not be the first line of its task)
+        assert tuple(default_state(t.task).steps) in first_round[t.task.workload_key][:2], t.task.desc
 
 
 def test_eval_only_applies_the_log_without_measuring(tuned, tmp_path):
@@ -271,15 +272,14 @@ def test_database_and_export(tuned, tmp_path):
     new_log = db / "tiny-cnn-b1.json"  # this run's log: nothing was measured
     assert not new_log.exists() or records(new_log) == []
     meta = json.loads((out / "model.json").read_text())
-    assert meta["entry"] == "forward" and meta["params_file"] == "params.bin"
-    assert [i["name"] for i in meta["inputs"]] == ["data"]
+    assert meta["entry"] == "forward" and [i["name"] for i in meta["inputs"]] == ["data"]
+    assert meta["weights"] == [] and meta["params_file"] is None  # prepared for the CPU: weights are constants
 
     import numpy as np
     from ansor.networks import apply_best, build, extract, get_network, run as run_network
-    net = get_network("tiny-cnn", 1)
-    ex = extract(net, meta["target"])
-    x = net.random_inputs(seed=3)[0]
-    want = run_network(build(apply_best(ex.mod, ex.tasks, {}), meta["target"]), net, [x], meta["target"])[0]
+    ex = extract(get_network("tiny-cnn", 1), meta["target"])
+    x = ex.network.random_inputs(seed=3)[0]
+    want = run_network(build(apply_best(ex.mod, ex.tasks, {}), meta["target"]), ex.network, [x], meta["target"])[0]
     np.save(tmp_path / "x.npy", x)
     snippet = re.search(r"```python\n(.*?)```", (out / "README.md").read_text(), re.S).group(1)
     child = snippet + ("\nimport sys\nassert 'ansor' not in sys.modules\n"

@@ -20,7 +20,11 @@ Row layout (``FEATURE_NAMES`` names every column; counts and sizes are ``log2(1 
 - memory: float ops and arithmetic intensity of the deepest loop level whose working set fits 32 KiB,
   1 MiB and 16 MiB; the arithmetic-intensity curve at 8 loop levels (outermost to innermost);
 - for the 5 buffers with the largest footprint: read/write, footprint, bytes accessed, cache lines,
-  innermost and vector strides, reuse count and distance.
+  innermost and vector strides, the stride of the next loop out that moves the buffer (and the power of
+  two dividing it in bytes: a tile whose rows are a large power of two apart maps onto a few cache sets
+  and thrashes, which a packed layout (``LR`` step) avoids), reuse count and distance.
+
+A buffer the stage reads packed (``LR``) has the strides and cache lines of its packed layout.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Hashable, Optional, Sequence
 import numpy as np
 
 from ..access import Access
+from ..errors import StepError
+from ..layout_rewrite import packed_layout
 from ..loop_state import ATTACHED, INLINED, State
 from ..search_task import SearchTask
 from .features import ExtractStats
@@ -55,7 +61,7 @@ _STORE_NAMES = [
 _STORE_NAMES += [f"{what}_fit_{size // 1024}k" for size in CACHE_LEVELS for what in ("flops", "intensity")]
 _STORE_NAMES += [f"intensity_curve_{k}" for k in range(CURVE_POINTS)]
 _BUFFER_NAMES = ["is_read", "is_write", "footprint", "bytes", "lines", "stride_innermost", "stride_vector",
-                 "reuse_count", "reuse_distance"]
+                 "stride_outer", "stride_outer_pow2", "reuse_count", "reuse_distance"]
 FEATURE_NAMES: tuple[str, ...] = tuple(_STORE_NAMES + [f"b{b}_{name}" for b in range(BUFFERS_PER_STORE)
                                                        for name in _BUFFER_NAMES])
 NUM_STATE_FEATURES = len(FEATURE_NAMES)
@@ -82,6 +88,9 @@ class _Buffer:
     dims: tuple[Optional[tuple[tuple[tuple[str, int], ...], int]], ...]
     row_strides: tuple[int, ...]  # elements between neighbours along each dimension (row-major)
     coefs: tuple[dict[str, int], ...]  # signed coefficient of each var in each dimension (first access)
+    # A packed argument (LR step): elements between neighbours of each (var, loop stride) the stage's loops
+    # walk, in the packed layout; None for a buffer in its own layout.
+    packed: Optional[dict[tuple[str, int], int]] = None
 
 
 def _log(x: float) -> float:
@@ -213,8 +222,25 @@ def _buffers(state: State, sid: int) -> list[_Buffer]:
         coefs = tuple(dict(idx.terms) if idx is not None else {} for idx in accs[0].indices)
         is_write = name in written
         out.append(_Buffer(not is_write or reduction, is_write, shape, max(1, dag.element_bits(name) // 8),
-                           tuple(dims), tuple(row_strides), coefs))
+                           tuple(dims), tuple(row_strides), coefs, _packed_strides(state, sid, name)))
     return out
+
+
+def _packed_strides(state: State, sid: int, buffer: str) -> Optional[dict[tuple[str, int], int]]:
+    """For an argument the stage reads packed: packed-layout element stride of each loop digit."""
+    if buffer not in state.stages[sid].packed:
+        return None
+    try:
+        layout = packed_layout(state, sid, buffer)
+    except StepError:
+        return None
+    var_of = {axis: var for var, axis in (state.stages[sid].block.plain_axes(buffer) or {}).items()}
+    strides: dict[tuple[str, int], int] = {}
+    step = 1
+    for dim in reversed(layout.dims):
+        strides[(var_of[dim.axis], dim.stride)] = step
+        step *= dim.extent
+    return strides
 
 
 def _footprint(buf: _Buffer, spans: dict[str, int], line_bytes: int) -> tuple[int, int]:
@@ -229,12 +255,16 @@ def _footprint(buf: _Buffer, spans: dict[str, int], line_bytes: int) -> tuple[in
         e = 1 + spread + sum(c * spans.get(v, 0) for v, c in terms)
         exts.append(min(n, e))
     elems = math.prod(exts)
+    if buf.packed is not None:  # a tile of a packed buffer is contiguous
+        return elems, -(-elems * buf.elem_bytes // line_bytes)
     last = exts[-1] * buf.elem_bytes if exts else buf.elem_bytes
     return elems, (elems // max(1, exts[-1]) if exts else 1) * -(-last // line_bytes)
 
 
 def _stride(buf: _Buffer, loop: _Loop) -> int:
     """Elements between consecutive iterations of ``loop`` in ``buf`` (0: the loop does not move it)."""
+    if buf.packed is not None:
+        return sum(buf.packed.get(part, 0) for part in loop.parts)
     total = 0
     for var, stride in loop.parts:
         for d, coefs in enumerate(buf.coefs):
@@ -344,8 +374,13 @@ def _store_row(state: State, sid: int, nests: dict[int, list[_Loop]], cores: int
             if loop.extent > 1 and _stride(b, loop) == 0:
                 reuse_count, reuse_distance = loop.extent, level_bytes[len(nest) - 1 - k]
                 break
+        outer = next((s for loop in reversed(nest) if loop.extent > 1 and loop.annotation != "vectorize"
+                      and loop is not innermost for s in (_stride(b, loop),) if s), 0)
+        outer_bytes = outer * b.elem_bytes
         row += [float(b.is_read), float(b.is_write), _log(elems * b.elem_bytes), _log(iterations * b.elem_bytes),
                 _log(lines), _log(_stride(b, innermost) if innermost else 0),
-                _log(_stride(b, vector_loop) if vector_loop else 0), _log(reuse_count), _log(reuse_distance)]
+                _log(_stride(b, vector_loop) if vector_loop else 0), _log(outer),
+                float((outer_bytes & -outer_bytes).bit_length() - 1) if outer_bytes else 0.0,
+                _log(reuse_count), _log(reuse_distance)]
     row += [0.0] * (NUM_STATE_FEATURES - len(row))
     return row

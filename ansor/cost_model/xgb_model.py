@@ -233,6 +233,11 @@ class XGBModel(CostModel):
             model = cls(XGBParams(**header["params"]), min_train_programs=int(header["min_train_programs"]),
                         max_programs_per_task=header["max_programs_per_task"], seed=int(header["seed"]),
                         features=header.get("features", "tvm"))  # files from before the choice: TVM's
+            rows = arrays.get("rows")
+            if rows is not None and rows.ndim == 2 and len(rows) and rows.shape[1] != model.extractor.num_features:
+                raise CostModelError(f"{path}: trained on {rows.shape[1]} {model.extractor.name} features, this "
+                                     f"version computes {model.extractor.num_features}; retrain it with "
+                                     "scripts/train_cost_model.py")
             model.data = TrainingSet.from_arrays(arrays, list(header["task_keys"]), header["max_programs_per_task"])
             if "booster" in arrays:
                 model.booster = xgb.Booster(model_file=bytearray(arrays["booster"].tobytes()))

@@ -64,7 +64,7 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]]) -> BuildRes
 
     try:
         state = None if steps is None else task.compute_dag.init_state().with_steps(steps)
-        mod = apply.schedule(task, state)
+        mod, packed = apply.kernel(task, state)
     except StepError as err:
         return failed(ErrorNo.INSTANTIATION_ERROR, short_error(err))
     except Exception as err:  # a bug in replay rather than a bad state: keep the trace
@@ -79,7 +79,7 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]]) -> BuildRes
     except Exception as err:  # TVM reports lowering/codegen errors as assorted exception types
         code = ErrorNo.COMPILE_DEVICE if is_gpu(task.target) else ErrorNo.COMPILE_HOST
         return failed(code, short_error(err))
-    return BuildResult(lib, int(ErrorNo.NO_ERROR), "", time.time() - start, start)
+    return BuildResult(lib, int(ErrorNo.NO_ERROR), "", time.time() - start, start, packed=tuple(packed))
 
 
 def _link_options(task: SearchTask) -> dict:

@@ -114,7 +114,7 @@ class ProgramMeasurer:
                     device, threads = _runner_spec(task)
                     reference = self._references.get(task_key(task)) if self.check_correctness else None
                     jobs.append(RunJob(i, handles[task_key(task)], build.lib, device, threads, self.run_timeout,
-                                       reference))
+                                       reference, packed=build.packed))
             done = lambda job, reply: batch.ran(job.index, builds[job.index], reply)  # noqa: E731
             self._pool.run(self._probe_first_batch(jobs, done), done)
         return batch.results  # type: ignore[return-value]

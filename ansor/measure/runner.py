@@ -20,6 +20,7 @@ import ray
 import tvm
 
 from .. import apply
+from ..layout_rewrite import PackedLayout, pack_arguments
 from .builder import short_error
 from .ray_session import current_node
 from .shipping import TaskHandle
@@ -101,10 +102,11 @@ class Runner:
         return RunReply((), int(ErrorNo.NO_ERROR), "", start, time.time(), self._node, outputs)
 
     def run(self, handle: TaskHandle, lib: bytes, reference: Optional[tuple], config: RunConfig,
-            best_cost: float = float("inf")) -> RunReply:
+            best_cost: float = float("inf"), packed: tuple[PackedLayout, ...] = ()) -> RunReply:
         """Check (if ``reference`` holds the reference outputs' ObjectRef) and time one candidate.
 
-        ``best_cost``: seconds of the fastest candidate of this task timed so far (see ``slow_factor``).
+        ``best_cost``: seconds of the fastest candidate of this task timed so far (see ``slow_factor``);
+        ``packed``: arguments the library takes pre-packed (constant weights in the schedule's layout).
         """
         start = time.time()
         try:
@@ -112,13 +114,14 @@ class Runner:
         except Exception as err:
             return self._error(ErrorNo.RUNTIME_DEVICE, f"cannot load the library: {short_error(err)}", start)
         try:
-            args = self._args(handle)
+            args = self._args(handle, packed)
             if reference is not None:
                 t0 = time.perf_counter()
                 module["main"](*args)
                 self._device.sync()
                 checked = time.perf_counter() - t0
-                mismatch = _compare([a.numpy() for a in args], self._reference(handle.key, reference))
+                mismatch = _compare([a.numpy() for a in args], self._reference(handle.key, reference),
+                                    skip={layout.index for layout in packed})
                 if mismatch:
                     return self._error(ErrorNo.WRONG_ANSWER, mismatch, start)
                 if checked > config.slow_factor * best_cost:  # the check run already says it is slow
@@ -138,11 +141,11 @@ class Runner:
         return RunReply(costs, int(ErrorNo.NO_ERROR), "", start, time.time(), self._node)
 
     # ------------------------------------------------------------------ helpers
-    def _args(self, handle: TaskHandle) -> list[tvm.runtime.Tensor]:
+    def _args(self, handle: TaskHandle, packed: tuple[PackedLayout, ...] = ()) -> list[tvm.runtime.Tensor]:
         inputs = self._inputs.get(handle.key)
         if inputs is None:
             inputs = self._inputs[handle.key] = apply.random_inputs(handle.get())
-        return [tvm.runtime.tensor(a, self._device) for a in inputs]
+        return [tvm.runtime.tensor(a, self._device) for a in pack_arguments(packed, inputs)]
 
     def _reference(self, key: str, holder: tuple) -> list[np.ndarray]:
         outputs = self._references.get(key)
@@ -170,9 +173,12 @@ def load_library(lib: bytes) -> tvm.runtime.Module:
         os.unlink(path)
 
 
-def _compare(got: list[np.ndarray], want: list[np.ndarray]) -> str:
-    """Empty if every argument matches the reference, else which one differs and where."""
+def _compare(got: list[np.ndarray], want: list[np.ndarray], skip: set[int] = frozenset()) -> str:
+    """Empty if every argument matches the reference, else which one differs and where (``skip``: inputs
+    passed pre-packed, which differ from the reference's by layout only)."""
     for i, (g, w) in enumerate(zip(got, want)):
+        if i in skip:
+            continue
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"argument {i}: {g.dtype}{list(g.shape)} where the reference has {w.dtype}{list(w.shape)}"
         if np.issubdtype(w.dtype, np.floating):

@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Iterator, Optional
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ..layout_rewrite import PackedLayout
 from .builder import short_error
 from .ray_session import alive_nodes, current_node, node_alive
 from .runner import RunConfig, Runner, RunReply
@@ -86,6 +87,7 @@ class RunJob:
     reference: Optional[tuple] = None  # (ObjectRef of the reference outputs,): check against them
     is_reference: bool = False  # compute the reference instead of timing
     probe_only: bool = False  # check and run once, whatever the task's best (see ProgramMeasurer)
+    packed: tuple[PackedLayout, ...] = ()  # arguments the library takes pre-packed
     node_losses: int = 0
 
 
@@ -241,7 +243,7 @@ class RunnerPool:
             lane.call = actor.handle.reference.remote(job.handle, job.lib)
         else:
             best = 0.0 if job.probe_only else self._best.get(job.handle.key, float("inf"))
-            lane.call = actor.handle.run.remote(job.handle, job.lib, job.reference, self.config, best)
+            lane.call = actor.handle.run.remote(job.handle, job.lib, job.reference, self.config, best, job.packed)
         lane.job, lane.actor, lane.started = job, actor, time.time()
         lane.deadline = time.monotonic() + (ACTOR_START_TIMEOUT if actor.ready is not None else job.timeout)
 

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from ..layout_rewrite import PackedLayout
 from ..loop_state import State
 from ..search_task import SearchTask
 
@@ -48,6 +49,7 @@ class BuildResult:
     time_cost: float = 0.0
     start: float = 0.0  # wall-clock time the build began (``time.time()``), for timelines
     node: str = ""  # Ray node id of the process that built it
+    packed: tuple[PackedLayout, ...] = ()  # the library takes these arguments pre-packed
 
 
 @dataclass

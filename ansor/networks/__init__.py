@@ -3,28 +3,32 @@
 Typical use::
 
     net = get_network("resnet-50", batch_size=1)
-    ex = extract(net, target)                       # fused module + weighted tasks
+    ex = extract(net, target)                       # prepared (NHWC, weights bound), fused, weighted tasks
     ... tune ex.tasks (weights: ex.tasks[i].weight) into log.json ...
     mod = apply_history_best(ex.mod, ex.tasks, "log.json")
-    print(time_network(build(mod, target), net, target=target))
+    print(time_network(build(mod, target), ex.network, target=target))
 
 See ``docs/networks.md``.
 """
 
-from .apply_best import apply_best, apply_history_best, default_func, scheduled_func
+from .apply_best import (
+    ScheduledFunc, apply_best, apply_history_best, default_scheduled, schedule_task, scheduled_func,
+)
 from .default_schedule import default_candidates, default_state, default_tir_schedule
 from .evaluate import (
-    OutputComparison, Timing, build, check_against_default, compare_outputs, run, runtime_threads, time_network,
+    OutputComparison, Timing, build, check_against_default, compare_outputs, run,
+    runtime_threads, time_network,
 )
 from .extract import Extraction, NetworkTask, SkippedFunc, extract, extract_tasks, fuse
 from .network import Network, NetworkError, TensorSpec
 from .onnx_import import load_onnx
+from .prepare import prepare
 from .registry import describe_network, get_network, network_names
 
 __all__ = [
     "Extraction", "Network", "NetworkError", "NetworkTask", "OutputComparison", "SkippedFunc", "TensorSpec",
     "Timing", "apply_best", "apply_history_best", "build", "check_against_default", "compare_outputs",
-    "default_candidates", "default_func", "default_state", "default_tir_schedule", "describe_network",
-    "extract", "extract_tasks", "fuse", "get_network", "load_onnx", "network_names", "run", "runtime_threads", "scheduled_func",
-    "time_network",
+    "ScheduledFunc", "default_candidates", "default_scheduled", "default_state", "default_tir_schedule", "describe_network",
+    "extract", "extract_tasks", "fuse", "get_network", "load_onnx", "network_names",
+    "prepare", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network",
 ]

@@ -6,18 +6,27 @@ where every PrimFunc of every task is the scheduled one. Everything else gets a 
 (:mod:`.default_schedule`) on CPU, or TVM's dlight GPU rules on a GPU, so no kernel is left as TVM's naive
 single-threaded code; pure reshapes stay as they are, because the Relax VM turns them into free views.
 :func:`apply_history_best` does the same from a tuning log.
+
+A schedule that reads a constant weight packed (:mod:`ansor.layout_rewrite`) gets the weight packed here,
+once, with numpy: the call passes the packed constant to the kernel, and no packing runs at inference.
+Where a call passes that weight as an argument instead (weights not bound), the PrimFunc keeps its
+packing block and packs at every call.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
 import tvm
 import tvm_ffi
+from tvm import relax
 
+from .. import apply
 from ..errors import AnsorError, StepError
+from ..layout_rewrite import PackedLayout
 from ..loop_state import State
 from ..records import best_records, load_records
 from ..search_task import SearchTask
@@ -37,24 +46,46 @@ Schedule = Union[tvm.tirx.PrimFunc, State, Sequence[Step]]
 SCHEDULED_ATTR = "tirx.is_scheduled"
 
 
-def scheduled_func(task: SearchTask, schedule: Schedule) -> tvm.tirx.PrimFunc:
-    """The PrimFunc ``schedule`` makes of ``task`` (a PrimFunc is taken as already scheduled)."""
+@dataclass(frozen=True)
+class ScheduledFunc:
+    """A task's scheduled PrimFunc in its two forms.
+
+    ``func`` takes the arguments as the network passes them (it packs the constant weights it reads packed
+    itself); ``kernel`` takes the arguments of ``layouts`` already packed (it is ``func`` when nothing is).
+    """
+
+    func: tvm.tirx.PrimFunc
+    kernel: tvm.tirx.PrimFunc
+    layouts: tuple[PackedLayout, ...] = ()
+
+
+def schedule_task(task: SearchTask, schedule: Schedule) -> ScheduledFunc:
+    """What ``schedule`` makes of ``task`` (a PrimFunc is taken as already scheduled, packing nothing)."""
     if isinstance(schedule, tvm.tirx.PrimFunc):
-        return schedule
-    return task.compute_dag.replay(schedule).mod["main"]
+        return ScheduledFunc(schedule, schedule)
+    state = schedule if isinstance(schedule, State) else task.compute_dag.state_from_steps(schedule)
+    full = apply.schedule(task, state)
+    kernel, layouts = apply.kernel(task, state, full)
+    return ScheduledFunc(full["main"], kernel["main"], tuple(layouts))
 
 
-def default_func(task: SearchTask) -> tvm.tirx.PrimFunc:
+def scheduled_func(task: SearchTask, schedule: Schedule) -> tvm.tirx.PrimFunc:
+    """The PrimFunc ``schedule`` makes of ``task``, taking the network's arguments as they are."""
+    return schedule_task(task, schedule).func
+
+
+def default_scheduled(task: SearchTask) -> ScheduledFunc:
     """The default-scheduled PrimFunc of ``task`` (see :mod:`.default_schedule`).
 
     A program ComputeDAG cannot analyse, or whose State schedule TVM refuses, is scheduled on its
     TensorIR directly, so it still runs in parallel.
     """
     try:
-        return task.compute_dag.replay(default_state(task)).mod["main"]
+        return schedule_task(task, default_state(task))
     except (AnsorError, tvm.s_tir.ScheduleError) as err:
         logger.info("%s: %s; scheduling its TensorIR directly", task.desc, short_reason(err))
-        return default_tir_schedule(task.func, task.hardware_params.num_cores)
+        func = default_tir_schedule(task.func, task.hardware_params.num_cores)
+        return ScheduledFunc(func, func)
 
 
 def _with_attrs_of(original: tvm.tirx.PrimFunc, func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
@@ -96,26 +127,101 @@ def apply_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], schedules: Mappi
     """
     target = parse_target(target if target is not None else (tasks[0].task.target if tasks else None))
     out = mod.clone()
+    calls = _call_sites(mod)
+    packing: dict[str, _Packed] = {}
     n_tuned = 0
     for t in tasks:
         for name in t.global_vars:
             _check_member(mod, name, t)
         schedule = schedules.get(t.workload_key)
         if schedule is not None:
-            func = scheduled_func(t.task, schedule)
+            scheduled = schedule_task(t.task, schedule)
             n_tuned += 1
         elif default and not is_gpu(target):
-            func = default_func(t.task)
+            scheduled = default_scheduled(t.task)
         else:
             continue
         for name in t.global_vars:
-            gv = out.get_global_var(name)
-            out[gv] = _with_attrs_of(mod[gv], func)
+            _place(out, mod, name, scheduled, calls, packing)
     if default:
-        out = _default_rest(out, target)
-    logger.info("apply_best: %d of %d tasks tuned, the rest %s", n_tuned, len(tasks),
-                "default-scheduled" if default else "unscheduled")
+        out = _default_rest(out, target, calls, packing)
+    out = _pack_constant_arguments(out, packing)
+    logger.info("apply_best: %d of %d tasks tuned, the rest %s; %d PrimFuncs read weights packed at build time",
+                n_tuned, len(tasks), "default-scheduled" if default else "unscheduled", len(packing))
     return out
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """A PrimFunc whose calls pass constants: its kernel form, and how to pack those constants."""
+
+    kernel: tvm.tirx.PrimFunc
+    layouts: tuple[PackedLayout, ...]
+
+
+def _place(out: tvm.IRModule, mod: tvm.IRModule, name: str, scheduled: ScheduledFunc,
+           calls: dict[str, list[list]], packing: dict[str, _Packed]) -> None:
+    """Put a scheduled PrimFunc in place of ``name``; when every call passes the arguments it reads packed
+    as constants, also note its kernel form, which :func:`_pack_constant_arguments` swaps in."""
+    gv = out.get_global_var(name)
+    out[gv] = _with_attrs_of(mod[gv], scheduled.func)
+    sites = calls.get(name, [])
+    if scheduled.layouts and sites and all(isinstance(args[layout.index], tvm.ir.expr.Constant)
+                                           for args in sites for layout in scheduled.layouts):
+        packing[name] = _Packed(_with_attrs_of(mod[gv], scheduled.kernel), scheduled.layouts)
+
+
+def _call_sites(mod: tvm.IRModule) -> dict[str, list[list]]:
+    """The argument lists of every ``call_tir`` of each PrimFunc, by PrimFunc name."""
+    sites: dict[str, list[list]] = {}
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.call_tir" \
+                and isinstance(expr.args[1], relax.Tuple):
+            sites.setdefault(expr.args[0].name_hint, []).append(list(expr.args[1].fields))
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return sites
+
+
+@relax.expr_functor.mutator
+class _PackArguments(relax.PyExprMutator):
+    """Each ``call_tir`` of a PrimFunc in ``kernels`` calls the new global variable on constants packed with
+    numpy (the variable of a function keeps the type it was created with, so the kernel gets a new one)."""
+
+    def __init__(self, mod: tvm.IRModule, kernels: dict[str, tuple[tvm.ir.GlobalVar, _Packed]]):
+        super().__init__(mod)
+        self._kernels = kernels
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        name = call.args[0].name_hint if getattr(call.op, "name", "") == "relax.call_tir" else None
+        if name not in self._kernels:
+            return call
+        gv, packed = self._kernels[name]
+        args = list(call.args[1].fields)
+        for layout in packed.layouts:
+            value = layout.pack(args[layout.index].value.numpy())
+            args[layout.index] = relax.const(value, str(value.dtype))
+        return relax.Call(call.op, [gv, relax.Tuple(args)], call.attrs, call.ty_args)
+
+
+def _pack_constant_arguments(mod: tvm.IRModule, packing: dict[str, _Packed]) -> tvm.IRModule:
+    """Replace each PrimFunc noted in ``packing`` by its kernel form (same name) and pack the constants its
+    calls pass, once, here."""
+    if not packing:
+        return mod
+    for name in packing:
+        del mod[name]
+    builder = relax.BlockBuilder(mod)
+    kernels = {name: (builder.add_func(packed.kernel, name), packed) for name, packed in packing.items()}
+    mutator = _PackArguments(builder.get(), kernels)
+    for gv, func in list(builder.get().functions_items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
 
 
 def _check_member(mod: tvm.IRModule, name: str, t: NetworkTask) -> None:
@@ -127,7 +233,8 @@ def _check_member(mod: tvm.IRModule, name: str, t: NetworkTask) -> None:
                            "extract the tasks from this (unscheduled) module")
 
 
-def _default_rest(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+def _default_rest(mod: tvm.IRModule, target: tvm.target.Target, calls: dict[str, list[list]],
+                  packing: dict[str, _Packed]) -> tvm.IRModule:
     """Default-schedule every PrimFunc not yet scheduled, except pure reshapes."""
     if is_gpu(target):
         from tvm.s_tir import dlight
@@ -141,7 +248,8 @@ def _default_rest(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
             continue
         if func.attrs is not None and func.attrs.get(SCHEDULED_ATTR, False):  # tuned or a task's default
             continue
-        mod[gv] = _with_attrs_of(func, default_func(SearchTask(standalone(func), target, desc=gv.name_hint)))
+        scheduled = default_scheduled(SearchTask(standalone(func), target, desc=gv.name_hint))
+        _place(mod, mod, gv.name_hint, scheduled, calls, packing)
     return mod
 
 
@@ -166,8 +274,10 @@ def apply_history_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], log_path
         if rec is None:
             continue
         try:
-            schedules[t.workload_key] = scheduled_func(t.task, rec.steps)
+            schedules[t.workload_key] = t.task.compute_dag.state_from_steps(rec.steps)
+            t.task.compute_dag.replay(schedules[t.workload_key])
         except StepError as err:
+            schedules.pop(t.workload_key, None)
             logger.warning("%s: the best record in %s does not replay (%s); using the default schedule",
                            t.name, log_path, err)
     logger.info("apply_history_best: %s has schedules for %d of %d tasks", log_path, len(schedules), len(tasks))

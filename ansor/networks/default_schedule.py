@@ -9,7 +9,9 @@ untuned PrimFunc gets this cheap, safe schedule instead:
   channels in NHWC) innermost, split to the vector width, below the reduction loops: each reduction step
   is then one vector multiply-add;
 * outer spatial loops are fused until there is enough parallelism (Ansor's rule: more than 16 per core)
-  and run in parallel; the innermost contiguous spatial loop of every stage is vectorized.
+  and run in parallel; the innermost contiguous spatial loop of every stage is vectorized;
+* a reduction reads its constant weights packed in its loop order (:mod:`ansor.layout_rewrite`), which the
+  network build folds, so it costs nothing at inference.
 
 The schedule is an ansor :class:`~ansor.loop_state.State` built from our own steps, so it is printable,
 loggable and replayable like a tuned one. PrimFuncs that :class:`~ansor.compute_dag.ComputeDAG` cannot
@@ -26,6 +28,7 @@ from typing import Callable
 import tvm
 
 from ..errors import AnsorError, StepError
+from ..layout_rewrite import packable_arguments
 from ..loop_state import ROOT, State
 from ..search_task import SearchTask
 from ..sketch.annotation import annotate_parallel, annotate_vectorize, contiguous
@@ -47,7 +50,7 @@ def default_state(task: SearchTask) -> State:
         If not even the parallel-only variant replays (:func:`default_tir_schedule` is the way out).
     """
     errors = []
-    for variant in (_vector_parallel, _parallel_only):
+    for variant in (_packed_vector_parallel, _vector_parallel, _parallel_only):
         try:
             state = variant(task)
             task.compute_dag.replay(state)  # TVM checks every primitive: only legal schedules pass
@@ -126,6 +129,19 @@ def _vector_parallel(task: SearchTask) -> State:
     annotate_parallel(state, task)
     _unroll_reductions(state)
     annotate_vectorize(state, random.Random(0))  # the generator only picks among equally legal fusions
+    return state
+
+
+def _packed_vector_parallel(task: SearchTask) -> State:
+    """:func:`_vector_parallel` reading each constant weight packed in its loop order (free at inference)."""
+    state = _vector_parallel(task)
+    packable = [(sid, buffer) for sid, stage in enumerate(state.stages) if stage.compute_at == ROOT
+                for buffer in packable_arguments(state, sid) if buffer in state.dag.layout_free
+                and any(it.kind == "R" for it in stage.iters)]
+    if not packable:
+        raise StepError("no constant weight to pack")
+    for sid, buffer in packable:
+        state.layout_rewrite(sid, buffer)
     return state
 
 

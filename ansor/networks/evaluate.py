@@ -154,12 +154,16 @@ def time_network(executable: tvm.runtime.Executable, network: Network, inputs: O
 
 
 def compare_outputs(network: Network, executable: tvm.runtime.Executable, reference: tvm.runtime.Executable,
-                    target: TargetLike = None, seed: int = 0, rtol: float = 1e-4,
-                    atol: float = 1e-5) -> OutputComparison:
-    """Run two builds of ``network`` on the same seeded inputs and measure how far their outputs differ."""
+                    target: TargetLike = None, seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5,
+                    reference_network: Optional[Network] = None) -> OutputComparison:
+    """Run two builds of ``network`` on the same seeded inputs and measure how far their outputs differ.
+
+    ``reference_network``: what ``reference`` was built from when that differs (e.g. the original network,
+    whose weights are arguments, against a build of its :func:`~.prepare.prepare` d form).
+    """
     inputs = network.random_inputs(seed)
     got = run(executable, network, inputs, target)
-    want = run(reference, network, inputs, target)
+    want = run(reference, reference_network or network, inputs, target)
     if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
         raise NetworkError(f"network {network.name}: the two builds return differently shaped outputs "
                            f"({[g.shape for g in got]} vs {[w.shape for w in want]})")
@@ -170,7 +174,7 @@ def compare_outputs(network: Network, executable: tvm.runtime.Executable, refere
     return OutputComparison(error, scale, rtol, atol)
 
 
-def check_against_default(network: Network, extraction: Extraction, tuned: tvm.IRModule, target: TargetLike = None,
+def check_against_default(extraction: Extraction, tuned: tvm.IRModule, target: TargetLike = None,
                           seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5) -> OutputComparison:
     """Compare a tuned module's outputs with the default-scheduled build of the same extraction.
 
@@ -178,4 +182,5 @@ def check_against_default(network: Network, extraction: Extraction, tuned: tvm.I
     beyond rounding is a bug in a schedule.
     """
     default = apply_best(extraction.mod, extraction.tasks, {}, target=target)
-    return compare_outputs(network, build(tuned, target), build(default, target), target, seed, rtol, atol)
+    return compare_outputs(extraction.network, build(tuned, target), build(default, target), target, seed, rtol,
+                           atol)

@@ -23,8 +23,9 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
 from ..errors import AnsorError
 from ..search_task import SearchTask
-from ..target import parse_target
+from ..target import is_gpu, parse_target
 from .network import Network, NetworkError, short_reason
+from .prepare import prepare
 
 logger = logging.getLogger("ansor")
 
@@ -70,11 +71,16 @@ class SkippedFunc:
 
 @dataclass
 class Extraction:
-    """The fused module with its tasks and the PrimFuncs left out of the search."""
+    """The fused module with its tasks and the PrimFuncs left out of the search.
+
+    ``network`` is the network the module computes, as :func:`~.prepare.prepare` made it (weights bound as
+    constants, convolutions in NHWC): run and time builds of ``mod`` with it, not with the original.
+    """
 
     mod: tvm.IRModule
     tasks: list[NetworkTask]
     skipped: list[SkippedFunc]
+    network: Network
 
     @property
     def total_weight(self) -> int:
@@ -92,11 +98,16 @@ class Extraction:
 
 
 def fuse(mod: tvm.IRModule, target: Union[str, dict, tvm.target.Target, None] = None) -> tvm.IRModule:
-    """Legalize and fuse a Relax module into calls of fused PrimFuncs (TVM's ``zero`` pipeline)."""
+    """Legalize and fuse a Relax module into calls of fused PrimFuncs (TVM's ``zero`` pipeline).
+
+    Each PrimFunc's arguments that are constants or weights are marked (``layout_free_buffers``), so its
+    schedule may pack them (:mod:`ansor.layout_rewrite`).
+    """
     target = parse_target(target)
     try:
         with target:
-            return relax.get_pipeline("zero")(mod)
+            fused = relax.get_pipeline("zero")(mod)
+        return relax.transform.AttachAttrLayoutFreeBuffers()(fused)
     except Exception as err:  # TVM reports unsupported operators with a long trace
         raise NetworkError(f"cannot legalize and fuse the network: {short_reason(err)}") from None
 
@@ -163,12 +174,16 @@ def _as_task(func: tvm.tirx.PrimFunc, target: tvm.target.Target, name: str) -> t
     return task, ""
 
 
-def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] = None) -> Extraction:
-    """Fuse ``network`` and group its PrimFuncs into weighted tasks.
+def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] = None,
+            layout: str = "NHWC") -> Extraction:
+    """Prepare (CPU targets: see :mod:`.prepare`; ``layout`` is its convolution layout), fuse ``network``
+    and group its PrimFuncs into weighted tasks.
 
     Tasks come out heaviest first (FLOPs times weight), which is the order a progress table wants.
     """
     target = parse_target(target)
+    if not is_gpu(target):
+        network = prepare(network, layout=layout)
     mod = fuse(network.mod, target)
     counts, n_outputs = call_counts(mod)
     groups: dict[int, list[tuple[str, tvm.tirx.PrimFunc]]] = {}
@@ -194,12 +209,13 @@ def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] 
     _uniquify_names(tasks, long_names)
     logger.info("network %s: %d tasks (%d weighted), %d PrimFuncs skipped", network.name, len(tasks),
                 sum(t.weight for t in tasks), len(skipped))
-    return Extraction(mod, tasks, skipped)
+    return Extraction(mod, tasks, skipped, network)
 
 
-def extract_tasks(network: Network, target: Union[str, dict, tvm.target.Target, None] = None) -> list[NetworkTask]:
+def extract_tasks(network: Network, target: Union[str, dict, tvm.target.Target, None] = None,
+                  layout: str = "NHWC") -> list[NetworkTask]:
     """The weighted tuning tasks of ``network`` (see :func:`extract` for the fused module and the skips)."""
-    return extract(network, target).tasks
+    return extract(network, target, layout).tasks
 
 
 def _uniquify_names(tasks: list[NetworkTask], long_names: dict[int, str]) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -324,6 +325,22 @@ def make_torch_model(name: str) -> "torch.nn.Module":
             else:
                 p.fill_(mean)
     return model.eval()
+
+
+def export_onnx(name: str, batch_size: int, path: "os.PathLike[str] | str", opset: int = 17) -> None:
+    """Write the PyTorch model of a built-in network to ``path`` as ONNX, as a user exports theirs.
+
+    Channels-first (PyTorch's layout: the ONNX model is NCHW), seeded weights, batch ``batch_size``, inputs
+    named as the built-in network's. Exported with the TorchScript exporter (``dynamo=False``), which needs
+    only the ``onnx`` package beside torch.
+    """
+    torch = import_torch()
+    network = get_network(name, batch_size)
+    model = make_torch_model(name)
+    inputs = tuple(torch_inputs(network))
+    with torch.no_grad():
+        torch.onnx.export(model, inputs, str(path), input_names=[s.name for s in network.inputs],
+                          output_names=["output"], opset_version=opset, dynamo=False, do_constant_folding=True)
 
 
 def torch_inputs(network: Network, seed: int = 0) -> list["torch.Tensor"]:

@@ -13,11 +13,11 @@ constants), or is ``None`` (weights stay run-time inputs). Inside ansor, ``from 
 means TVM's Relax: this package is ``ansor.relax``.
 """
 
-from .compile import ApplyHistoryBest, compile_network, compile_relax
+from .compile import ApplyHistoryBest, PrepareAndFuse, compile_network, compile_relax
 from .export import Signature, check_export_dir, export, export_network
 from .model import as_network, bind_params, entry_function
 from .tune import NetworkTuneResult, extract_tasks, tune_relax, tune_tasks
 
-__all__ = ["ApplyHistoryBest", "NetworkTuneResult", "Signature", "as_network", "bind_params", "check_export_dir",
+__all__ = ["ApplyHistoryBest", "NetworkTuneResult", "PrepareAndFuse", "Signature", "as_network", "bind_params", "check_export_dir",
            "compile_network", "compile_relax", "entry_function", "export", "export_network", "extract_tasks",
            "tune_relax", "tune_tasks"]

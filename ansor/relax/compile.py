@@ -3,7 +3,8 @@
 Both replace each tuned PrimFunc by the best schedule its workload key has in the logs (measured for the
 same target) and give every other PrimFunc the default schedule (``ansor.networks.apply_best``).
 :func:`compile_relax` takes a raw module and does it all (bind, extract, apply, build);
-:class:`ApplyHistoryBest` is the apply step alone, as a pass for a pipeline of one's own.
+:class:`PrepareAndFuse` and :class:`ApplyHistoryBest` are the extraction's module transform and the
+apply step as passes, for a pipeline of one's own.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def compile_network(network: Network, log_file: Optional[LogSource], target: Tar
     else:
         mod = apply_best(extraction.mod, extraction.tasks, {}, target=target)
     executable = build(mod, target)
-    attach_signature(executable, Signature.of(network, target))
+    attach_signature(executable, Signature.of(extraction.network, target))  # what the build takes
     return executable
 
 
@@ -58,15 +59,34 @@ def compile_relax(mod: tvm.IRModule, params: Params = None, log_file: Optional[L
     return compile_network(as_network(mod, params), log_file, target)
 
 
+@tvm.transform.module_pass(opt_level=0, name="ansor.PrepareAndFuse")
+class PrepareAndFuse:
+    """A module pass: the fused module ansor's extraction tunes (prepared for a CPU target, then fused).
+
+    Put it where a pipeline would legalize and fuse (instead of ``relax.get_pipeline("zero")``), followed
+    by :class:`ApplyHistoryBest`: the PrimFuncs then are the tasks' programs, so their keys find the logs'
+    records. Weights to bind go in first (``relax.transform.BindParams``); inputs need static shapes.
+    """
+
+    def __init__(self, target: TargetLike = None, entry: Optional[str] = None):
+        self.target = target
+        self.entry = entry
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        target = parse_target(self.target if self.target is not None else tvm.target.Target.current(allow_none=True))
+        return extract(as_network(mod, None, entry=self.entry), target).mod
+
+
 @tvm.transform.module_pass(opt_level=0, name="ansor.ApplyHistoryBest")
 class ApplyHistoryBest:
     """A module pass: tuned schedules from logs for the PrimFuncs of a fused Relax module.
 
-    Put it after fusion (``LegalizeOps``, ``AnnotateTIROpPattern``, ``FuseOps``, ``FuseTIR``, or
-    ``relax.get_pipeline("zero")``) and before lowering: each PrimFunc whose workload key (the structural
-    hash ansor's extraction gives it) has a valid record for ``target`` in the logs gets its best
-    schedule; with ``default=True`` every other PrimFunc gets the default schedule. The module must be
-    fused exactly as ansor's extraction fused it (same passes, same target) for the keys to match.
+    Put it after :class:`PrepareAndFuse` and before lowering (``ansor.networks.build`` of the result
+    lowers without fusing again): each PrimFunc whose workload key (the structural hash ansor's
+    extraction gives it) has a valid record for ``target`` in the logs gets its best schedule, its packed
+    constant weights packed once; with ``default=True`` every other PrimFunc gets the default schedule.
+    A module fused another way has other PrimFuncs, whose keys the logs do not know (the pass logs how many
+    PrimFuncs it found records for).
 
     Parameters
     ----------

@@ -78,7 +78,11 @@ def export(executable: tvm.runtime.Executable, directory: Union[str, os.PathLike
 
 def export_network(executable: tvm.runtime.Executable, network: Network, directory: Union[str, os.PathLike],
                    target: TargetLike = None) -> Path:
-    """:func:`export` for a :class:`~ansor.networks.Network`: its run-time weights go to ``params.bin``."""
+    """:func:`export` for a :class:`~ansor.networks.Network`: its run-time weights go to ``params.bin``.
+
+    ``network`` is what the executable was built from: for a build of an extraction's module, that is
+    ``Extraction.network`` (prepared: weights bound as constants), not the network given to ``extract``.
+    """
     return write(executable, directory, Signature.of(network, target),
                  {w.name: network.params[w.name] for w in network.weights})
 

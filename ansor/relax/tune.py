@@ -91,7 +91,7 @@ def extract_tasks(mod, params: Params = None, target: TargetLike = None) -> list
 
 def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], trials: Optional[int] = None, *,
                options: Optional[TuningOptions] = None, database: Union[Database, str, os.PathLike, None] = None,
-               strategy: str = "gradient", resume: bool = False,
+               strategy: str = "gradient", resume: bool = False, time_limit: Optional[float] = None,
                on_round: Optional[Callable] = None,
                on_history: Optional[Callable[[History, History], None]] = None) -> NetworkTuneResult:
     """Tune weighted tasks with one shared budget into ``log_file`` (see the module docstring).
@@ -107,6 +107,8 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
         ``gradient`` (Ansor's task scheduler) or ``round-robin``.
     resume
         Continue the run's own log: its records of these tasks count towards ``trials``.
+    time_limit
+        Seconds after which no new round starts (``trials`` may end the run first).
     on_round
         Called with a :class:`~ansor.task_scheduler.SchedulerRound` after every round.
     on_history
@@ -154,8 +156,8 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
             schedule_tasks([t.task for t in tasks], [t.weight for t in tasks], options.num_measure_trials, measurer,
                            model, per_round=options.num_measures_per_round, strategy=strategy,
                            early_stopping=options.early_stopping, seed=options.seed, search=options.search,
-                           on_round=on_round, first=[default_candidates(t.task) for t in tasks], history=own,
-                           tuned_elsewhere=reused)
+                           on_round=on_round, first=[default_candidates(t.task) for t in tasks],
+                           time_limit=time_limit, history=own, tuned_elsewhere=reused)
     else:
         logger.info("nothing to tune: %d resumed records, %d of %d tasks from the database", resumed,
                     len(reused), len(tasks))

@@ -11,6 +11,7 @@ import random
 from typing import Optional
 
 from ..errors import StepError
+from ..layout_rewrite import packable_arguments
 from ..loop_state import INLINED, ROOT, Stage, State
 from ..search_task import SearchTask
 from ..target import is_gpu
@@ -27,6 +28,9 @@ MAX_VECTORIZE_LANES = 64
 CPU_UNROLL_STEPS = (0, 16, 64, 128)
 #: Ansor's GPU auto-unroll limits.
 GPU_UNROLL_STEPS = (0, 16, 64, 512, 1024)
+#: How often random annotation packs a runtime input of a tiled stage (an ``LR`` step: a copy in the kernel
+#: that pays when the tile would otherwise thrash the cache). Constant weights are always packed: free.
+P_PACK_INPUT = 0.5
 
 
 @functools.lru_cache(maxsize=4096)
@@ -205,6 +209,16 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
             state.annotate(stage_id, n - fusible, "vectorize")
 
 
+def annotate_layout_rewrite(state: State, rng: random.Random) -> None:
+    """``LR`` for the arguments each tiled root stage could read packed (see :mod:`ansor.layout_rewrite`)."""
+    for stage_id, stage in enumerate(state.stages):
+        if stage.compute_at != ROOT or not needs_multi_level_tiling(state, stage_id):
+            continue
+        for buffer in packable_arguments(state, stage_id):
+            if buffer in state.dag.layout_free or rng.random() < P_PACK_INPUT:
+                state.layout_rewrite(stage_id, buffer)
+
+
 def contiguous(stage: Stage, iters) -> bool:
     """True if the loops walk every buffer the stage touches along its innermost dimension only.
 
@@ -241,6 +255,7 @@ def sample_program(task: SearchTask, sketch: State, rng: random.Random) -> Optio
         annotate_parallel(state, task)
         annotate_unroll(state, rng, task)
         annotate_vectorize(state, rng)
+        annotate_layout_rewrite(state, rng)
     except StepError:
         return None
     return state

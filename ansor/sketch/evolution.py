@@ -18,12 +18,17 @@ from ..errors import StepError
 from ..loop_state import State
 from ..search_task import SearchTask
 from ..target import is_gpu
-from ..transform_steps import AnnotationStep, ComputeAtStep, FuseStep, PragmaStep, SplitStep, Step
+from ..layout_rewrite import packable_arguments
+from ..loop_state import ROOT
+from ..transform_steps import (
+    AnnotationStep, ComputeAtStep, FuseStep, LayoutRewriteStep, PragmaStep, SplitStep, Step,
+)
 from .annotation import (
     CPU_UNROLL_STEPS, GPU_UNROLL_STEPS, MAX_INNERMOST_FACTOR, _divisors, compute_location_candidates,
     outer_parallel_loops,
 )
 from .gpu_annotation import fits_gpu
+from .rules import needs_multi_level_tiling
 
 logger = logging.getLogger("ansor")
 
@@ -48,6 +53,8 @@ class EvolutionParams:
     p_unroll: float = 0.04
     p_compute_location: float = 0.05
     p_parallel: float = 0.01
+    #: ours: pack or unpack a runtime input of a tiled stage (constant weights are always packed)
+    p_layout_rewrite: float = 0.02
 
 
 def mutate_tile_size(task: SearchTask, state: State, rng: random.Random) -> Optional[State]:
@@ -144,6 +151,28 @@ def mutate_parallel(task: SearchTask, state: State, rng: random.Random) -> Optio
         return None
 
 
+def mutate_layout_rewrite(task: SearchTask, state: State, rng: random.Random) -> Optional[State]:
+    """Stop packing a runtime input, or start packing one (whether the in-kernel copy pays is measured)."""
+    packed = [i for i, s in enumerate(state.steps)
+              if isinstance(s, LayoutRewriteStep) and s.buffer not in state.dag.layout_free]
+    unpacked = [(sid, buffer) for sid, stage in enumerate(state.stages)
+                if stage.compute_at == ROOT and needs_multi_level_tiling(state, sid)
+                for buffer in packable_arguments(state, sid) if buffer not in state.dag.layout_free]
+    choices = [("drop", i) for i in packed] + [("add", c) for c in unpacked]
+    if not choices:
+        return None
+    what, which = rng.choice(choices)
+    steps = list(state.steps)
+    if what == "drop":
+        del steps[which]
+    else:
+        steps.append(LayoutRewriteStep(*which))
+    try:
+        return state.with_steps(steps)
+    except StepError:
+        return None
+
+
 def _shift_iters(step: Step, stage_id: int, delta: int) -> Optional[Step]:
     """``step`` with the loops of ``stage_id`` after its first moved by ``delta`` (None: cannot renumber)."""
     def shift(k: int) -> int:
@@ -157,6 +186,8 @@ def _shift_iters(step: Step, stage_id: int, delta: int) -> Optional[Step]:
         return replace(step, iter_id=shift(step.iter_id))
     if isinstance(step, FuseStep):
         return replace(step, fused_ids=tuple(shift(k) for k in step.fused_ids))
+    if isinstance(step, LayoutRewriteStep):
+        return step
     return None
 
 
@@ -182,6 +213,7 @@ def evolutionary_search(task: SearchTask, model: Scorer, population: list[State]
         (params.p_unroll, mutate_unroll),
         (params.p_compute_location, mutate_compute_location),
         (params.p_parallel, mutate_parallel),
+        (params.p_layout_rewrite, mutate_layout_rewrite),
     ] if not gpu else [
         (params.p_tile_size, mutate_tile_size),
         (params.p_unroll + params.p_compute_location, mutate_unroll),

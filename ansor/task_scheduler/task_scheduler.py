@@ -140,13 +140,14 @@ def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: 
                per_round: int = 16, strategy: str = "gradient", early_stopping: Optional[int] = None,
                seed: int = 0, search: Optional[SearchParams] = None, resume_from: Optional[str] = None,
                on_round: Optional[Callable[[SchedulerRound], None]] = None,
-               first: Optional[Sequence[Sequence[State]]] = None,
+               first: Optional[Sequence[Sequence[State]]] = None, time_limit: Optional[float] = None,
                history: Optional[Mapping[str, Sequence[Record]]] = None,
                tuned_elsewhere: Optional[Mapping[str, Sequence[Record]]] = None) -> Allocator:
     """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator.
 
     ``first[i]``: states of task ``i`` measured in its first round, before anything searched. A network
     passes each task's default schedule, so a tuned task is never slower than its untuned build.
+    ``time_limit``: seconds after which no new round starts (the trial budget may end it first).
     ``history`` (records by workload key, like the log ``resume_from``) continues this run: it counts
     towards ``n_trials``. ``tuned_elsewhere`` (a database's records of other runs) teaches the policies,
     the model and the allocator, but its tasks get no rounds and its records do not count.
@@ -156,6 +157,7 @@ def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: 
     firsts = list(first) if first is not None else [()] * len(tasks)
     policies = [SketchPolicy(t, model, seed=seed + i, params=search, first=f)
                 for i, (t, f) in enumerate(zip(tasks, firsts))]
+    start = time.perf_counter()
     by_key: dict[str, list[Record]] = {k: list(v) for k, v in (history or {}).items()}
     if resume_from:
         for record in load_records(resume_from, target=tasks[0].target if tasks else None):
@@ -167,6 +169,9 @@ def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: 
         for i, task in enumerate(tasks):
             alloc.tasks[i].dead = alloc.tasks[i].dead or task.workload_key in elsewhere
     while used < n_trials:
+        if time_limit is not None and time.perf_counter() - start >= time_limit:
+            logger.info("time limit of %.0f s reached after %d trials", time_limit, used)
+            break
         index = alloc.next_task()
         if index is None:
             break

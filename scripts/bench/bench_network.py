@@ -1,18 +1,26 @@
-"""Benchmark: a whole network tuned by ansor vs MetaSchedule at the same total trial budget, in one run.
+"""Benchmark: a network tuned by ansor against the CPU inference runtimes, on the same ONNX file, in one run.
 
-  python scripts/bench/bench_network.py --network resnet-50 --trials-per-task 64
-  python scripts/bench/bench_network.py --network tiny-cnn --trials-per-task 8     # a quick check
-  python scripts/bench/bench_network.py --network resnet-50 --ansor-log logs/resnet-50-b1.json --skip-metaschedule
+  python scripts/bench/bench_network.py                                # resnet-50, mobilenet-v2, bert; 10 min each
+  python scripts/bench/bench_network.py --models resnet-50 --minutes 5 --plot curves.png
+  python scripts/bench/bench_network.py --onnx model.onnx --minutes 10          # your own ONNX file
+  python scripts/bench/bench_network.py --models resnet-50 --log logs/resnet-50.json   # no tuning: use a log
+  python scripts/bench/bench_network.py --models resnet-50 --metaschedule      # also MetaSchedule, same trials
 
-Budget: trials-per-task x the number of ansor tasks, given to both tuners as one global budget.
-1. ansor: ``scripts/tune_network.py`` in a subprocess (as a user runs it; its log is kept in --work-dir),
-   or an existing log given with --ansor-log.
-2. MetaSchedule: ``relax_integration.tune_relax`` on the same fused module (its own tasks from its
-   PrimFuncs, 64 trials per task round), best schedules applied with ``MetaScheduleApplyDatabase``.
-3. Timed at the end, one after another with a pause in between, in this process (TVM_NUM_THREADS = the
-   target's cores): the default build (our parallel + vectorized default schedules), ansor's tuned
-   build, MetaSchedule's build, and PyTorch eager with as many threads when torch is installed.
-Reported: mean latency of each and the ratios, and the tuning wall times.
+For each model:
+
+1. The ONNX file: a built-in network's PyTorch definition (``ansor/networks/torch_baseline.py``) exported as
+   a user exports theirs (NCHW, opset 17; needs the ``torch`` extra), or a file given with ``--onnx``.
+2. ansor tunes it as a user would: ``scripts/tune_network.py --onnx FILE --minutes M`` in a subprocess.
+3. Then, one after another in this process with pauses between (nothing else runs; TVM_NUM_THREADS, ONNX
+   Runtime's and OpenVINO's threads and PyTorch's threads all equal this machine's physical cores): the
+   build with the best schedules found after each checkpoint minute (the curve), the final tuned build, the
+   default build (parallel + vectorized default schedules), ONNX Runtime, OpenVINO and PyTorch eager
+   (the runtimes come with the ``bench`` extra; a missing one is reported, not faked).
+
+Printed per model: each one's latency and ansor's speed relative to it, ansor's tuning minutes and trials,
+the per-task breakdown (share of the latency, GFLOPS, fraction of the machine's measured peak, see
+``peak.py``) and the time spent outside the tuned tasks; ``--plot`` draws latency against tuning minutes
+with the runtimes as horizontal lines (needs matplotlib).
 """
 
 from __future__ import annotations
@@ -24,29 +32,47 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from peak import cpu_description, measure_peak
+from peers import PeerResult, max_difference, onnxruntime_peer, openvino_peer, torch_peer
+
 ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("resnet-50", "mobilenet-v2", "bert")
+CHECKPOINTS = (1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60)
 
 
-def tune_ansor(network: str, trials: int, log: Path) -> float:
-    """Run tune_network.py; returns its tuning wall time (seconds, as it reports it)."""
-    cmd = [sys.executable, str(ROOT / "scripts" / "tune_network.py"), "--network", network, "--n-trials",
-           str(trials), "--log-file", str(log), "--repeat", "3"]
+@dataclass
+class ModelReport:
+    """Everything measured for one model."""
+
+    name: str
+    tuning_s: float = float("nan")
+    trials: int = 0
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (minutes, ms)
+    tuned_ms: float = float("nan")
+    default_ms: float = float("nan")
+    peers: list[PeerResult] = field(default_factory=list)
+    breakdown: list[tuple[str, int, float, float]] = field(default_factory=list)  # name, weight, ms, GFLOPS
+    error_vs_ort: float = float("nan")
+
+
+def tune(onnx: Path, log: Path, minutes: float, n_trials: int) -> tuple[float, int]:
+    """``tune_network.py --onnx`` as a user runs it; returns (tuning seconds, trials) as it reports them."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "tune_network.py"), "--onnx", str(onnx), "--minutes", str(minutes),
+           "--n-trials", str(n_trials), "--log-file", str(log), "--repeat", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"tune_network.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    found = re.search(r"^tuning: .* in (\d+\.\d+) s", proc.stderr, re.M)
-    return float(found.group(1)) if found else float("nan")
+    found = re.search(r"^tuning: (\d+) trials .* in (\d+\.\d+) s", proc.stderr, re.M)
+    return (float(found.group(2)), int(found.group(1))) if found else (float("nan"), 0)
 
 
 def tune_metaschedule(extraction, target, trials: int, work_dir: str):
-    """MetaSchedule on the same fused module ansor tunes; returns (executable, wall seconds).
-
-    ``tune_relax`` takes its tasks from the module's PrimFuncs, so it gets the legalized and fused module
-    (the raw one has none); its best schedules are applied with ``MetaScheduleApplyDatabase`` and the
-    module is lowered like ours (PrimFuncs without a record stay unscheduled, as in MetaSchedule's flow).
-    """
+    """MetaSchedule's ``tune_relax`` on the module ansor tuned (same PrimFuncs, weights bound as constants,
+    which its layout rewrite packs), best schedules applied with ``MetaScheduleApplyDatabase`` and built as
+    ours are; returns (executable, wall seconds)."""
     from tvm import relax
     from tvm.s_tir.meta_schedule import relax_integration
 
@@ -61,79 +87,199 @@ def tune_metaschedule(extraction, target, trials: int, work_dir: str):
     return build(tuned, target), wall
 
 
+def records_until(log: Path, deadline: float, out: Path) -> int:
+    """Copy the records of ``log`` measured before ``deadline`` (unix time) to ``out``; returns how many."""
+    from ansor.records import RecordWriter, load_records
+    kept = [r for r in load_records(log) if r.result.timestamp <= deadline]
+    out.unlink(missing_ok=True)
+    with RecordWriter(out) as writer:
+        for r in kept:
+            writer.write_record(r.task, r.steps, r.result)
+    return len(kept)
+
+
+def evaluate(report: ModelReport, extraction, log: Path, start: float, target, repeat: int, pause: float,
+             work: Path) -> list:
+    """Time the builds along the tuning curve (minutes since the tuning command started, up to its last
+    measurement), the final tuned build and the default build; returns the tuned build's outputs."""
+    from ansor.networks import apply_best, apply_history_best, build, run, time_network
+    from ansor.records import load_records
+    net = extraction.network
+    minutes = (max((r.result.timestamp for r in load_records(log)), default=start) - start) / 60
+    for m in [c for c in CHECKPOINTS if c < minutes] + [minutes]:
+        partial = work / f"{report.name}-{m}min.json"
+        if records_until(log, start + m * 60, partial) == 0:
+            continue
+        time.sleep(pause)
+        exe = build(apply_history_best(extraction.mod, extraction.tasks, partial, target=target), target)
+        report.curve.append((m, time_network(exe, net, target=target, repeat=max(3, repeat // 2)).median_ms))
+        print(f"  {report.name}: after {m:g} min {report.curve[-1][1]:.2f} ms", flush=True)
+    tuned = build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)
+    time.sleep(pause)
+    report.tuned_ms = time_network(tuned, net, target=target, repeat=repeat).median_ms
+    default = build(apply_best(extraction.mod, extraction.tasks, {}, target=target), target)
+    time.sleep(pause)
+    report.default_ms = time_network(default, net, target=target, repeat=repeat).median_ms
+    report.curve.insert(0, (0.0, report.default_ms))  # before any tuning: every task's default schedule
+    return run(tuned, net, net.random_inputs(0), target)
+
+
+def breakdown(report: ModelReport, extraction, log: Path, target) -> None:
+    """Per task: weight, best measured ms of one call, GFLOPS (from the log's best records)."""
+    from ansor.records import best_records, load_records
+    best = best_records(load_records(log, target=target))
+    for t in extraction.tasks:
+        rec = best.get(t.workload_key)
+        if rec is not None:
+            ms = rec.result.mean_cost * 1e3
+            report.breakdown.append((t.name, t.weight, ms, t.task.flop_ct / rec.result.mean_cost / 1e9))
+    report.breakdown.sort(key=lambda row: -row[1] * row[2])
+
+
+def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
+    print(f"\n== {report.name} (batch 1, {threads} threads) ==")
+    rows = [(f"ansor, tuned {report.tuning_s / 60:.1f} min / {report.trials} trials", report.tuned_ms),
+            ("ansor, default build (untuned)", report.default_ms)]
+    rows += [(p.name, p.median_ms) for p in report.peers if not p.missing]
+    print(f"{'':<44}{'median ms':>10}{'ansor / this':>14}")
+    for name, ms in rows:
+        print(f"{name:<44}{ms:>10.2f}{report.tuned_ms / ms:>14.2f}")
+    for p in report.peers:
+        if p.missing:
+            print(f"{p.name:<44}{'missing':>10}  ({p.missing})")
+    fastest = min((p.median_ms for p in report.peers if not p.missing), default=float("nan"))
+    print(f"ansor / fastest runtime: {report.tuned_ms / fastest:.2f}; ansor's output vs ONNX Runtime's: max "
+          f"|difference| {report.error_vs_ort:.2e} of the output's scale")
+    in_tasks = sum(w * ms for _, w, ms, _ in report.breakdown)
+    print(f"{'task':<58}{'x':>4}{'ms':>8}{'share':>7}{'GFLOPS':>8}{'of peak':>8}")
+    for name, weight, ms, gflops in report.breakdown[:15]:
+        print(f"{name[:57]:<58}{weight:>4}{weight * ms:>8.2f}{weight * ms / report.tuned_ms:>7.1%}{gflops:>8.1f}"
+              f"{gflops / peak_gflops:>8.2f}")
+    rest = report.breakdown[15:]
+    if rest:
+        print(f"{f'{len(rest)} more tasks':<58}{'':>4}{sum(w * ms for _, w, ms, _ in rest):>8.2f}")
+    print(f"tuned tasks (weighted sum of their best measurements) {in_tasks:.2f} ms; outside them (copies, "
+          f"layout transposes, untuned functions, VM calls) {report.tuned_ms - in_tasks:.2f} ms")
+
+
+def plot(reports: list[ModelReport], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(reports), figsize=(5 * len(reports), 4), squeeze=False)
+    for ax, report in zip(axes[0], reports):
+        if report.curve:
+            ax.plot(*zip(*report.curve), "o-", label="ansor")
+        for p, style in zip([p for p in report.peers if not p.missing], ("--", ":", "-.")):
+            ax.axhline(p.median_ms, linestyle=style, color="gray", label=p.name)
+        ax.set_title(report.name)
+        ax.set_xlabel("tuning minutes")
+        ax.set_ylabel("latency (ms)")
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(left=0)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"curve: {path}")
+
+
+def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads: int, work: Path,
+                torch_name: str | None) -> ModelReport:
+    from ansor.networks import extract, load_onnx
+    report = ModelReport(name)
+    log = Path(args.log) if args.log else work / f"{name}.json"
+    start = time.time()
+    if not args.log:
+        print(f"{name}: tuning for up to {args.minutes:g} minutes ...", flush=True)
+        report.tuning_s, report.trials = tune(onnx, log, args.minutes, args.n_trials)
+    else:
+        from ansor.records import load_records
+        records = load_records(log)
+        report.trials = len(records)
+        start = min((r.result.timestamp for r in records), default=start)
+        report.tuning_s = max((r.result.timestamp for r in records), default=start) - start
+    net = load_onnx(onnx)
+    extraction = extract(net, target)
+    outputs = evaluate(report, extraction, log, start, target, args.repeat, args.pause, work)
+    breakdown(report, extraction, log, target)
+    feed = {spec.name: array for spec, array in zip(net.inputs, net.random_inputs(0))}
+    for peer in (lambda: onnxruntime_peer(str(onnx), feed, threads, args.repeat),
+                 lambda: openvino_peer(str(onnx), feed, threads, args.repeat),
+                 lambda: torch_peer(torch_name, 1, threads, args.repeat) if torch_name else None):
+        time.sleep(args.pause)
+        result = peer()
+        if result is not None:
+            report.peers.append(result)
+    if args.metaschedule:
+        from ansor.networks import time_network
+        exe, wall = tune_metaschedule(extraction, target, report.trials, str(work / f"{name}-metaschedule"))
+        time.sleep(args.pause)
+        ms = time_network(exe, extraction.network, target=target, repeat=args.repeat)
+        report.peers.append(PeerResult(f"MetaSchedule, {report.trials} trials ({wall / 60:.0f} min)", ms.mean_ms,
+                                       ms.median_ms))
+    ort = next((p for p in report.peers if p.outputs is not None and p.name.startswith("ONNX")), None)
+    if ort is not None:
+        report.error_vs_ort = max_difference(outputs, ort.outputs)
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--network", default="resnet-50", help="built-in network (default resnet-50)")
-    parser.add_argument("--trials-per-task", type=int, default=64, help="budget per ansor task (default 64)")
-    parser.add_argument("--ansor-log", default=None, help="use this tuning log instead of tuning with ansor")
-    parser.add_argument("--skip-metaschedule", action="store_true", help="no MetaSchedule run")
-    parser.add_argument("--work-dir", default=None, help="where logs and MetaSchedule's database go "
-                                                         "(default: a temporary directory)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), metavar="NAME",
+                        help="built-in networks, exported from their PyTorch definitions (default: "
+                             f"{' '.join(MODELS)})")
+    parser.add_argument("--onnx", nargs="+", default=None, metavar="FILE", help="ONNX files instead of --models")
+    parser.add_argument("--minutes", type=float, default=10.0, help="ansor's tuning time per model (default 10)")
+    parser.add_argument("--n-trials", type=int, default=100_000,
+                        help="ansor's trial budget per model (default: large, so --minutes decides)")
+    parser.add_argument("--log", default=None, help="evaluate this tuning log instead of tuning (one model)")
+    parser.add_argument("--metaschedule", action="store_true",
+                        help="also tune with MetaSchedule at ansor's trial count (slow: minutes per 100 trials)")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="draw latency against tuning minutes")
+    parser.add_argument("--work-dir", default=None, help="ONNX files and logs (default: a temporary directory)")
     parser.add_argument("--repeat", type=int, default=10, help="timing repeats of each build (default 10)")
     parser.add_argument("--pause", type=float, default=3.0, help="seconds between timings (default 3)")
     args = parser.parse_args()
+    if args.minutes <= 0 or args.repeat < 1 or args.n_trials < 1:
+        print("error: --minutes, --repeat and --n-trials must be positive", file=sys.stderr)
+        return 2
+    if args.log and len(args.onnx or args.models) != 1:
+        print("error: --log evaluates one model: give one --models name or one --onnx file", file=sys.stderr)
+        return 2
+
+    if not args.onnx:
+        from ansor.networks.torch_baseline import TORCH_NETWORKS
+        unknown = [m for m in args.models if m not in TORCH_NETWORKS]
+        if unknown:
+            print(f"error: no PyTorch definition of {', '.join(unknown)} (choose from {', '.join(TORCH_NETWORKS)}), "
+                  "or give ONNX files with --onnx", file=sys.stderr)
+            return 2
 
     from ansor.target import host_target
     target = host_target()
-    cores = int(target.attrs["num-cores"])
-    os.environ["TVM_NUM_THREADS"] = str(cores)
+    threads = int(target.attrs["num-cores"])
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="ansor-bench-network-"))
+    work.mkdir(parents=True, exist_ok=True)
+    peak = measure_peak(threads)
+    print(f"{cpu_description()}\n{peak.summary()}\nwork dir {work}", flush=True)
 
-    from ansor.cli import evaluate_network
-    from ansor.networks import extract, get_network, time_network
-
-    net = get_network(args.network, batch_size=1)
-    extraction = extract(net, target)
-    trials = args.trials_per_task * len(extraction.tasks)
-    work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="ansor-bench-network-"))
-    work_dir.mkdir(parents=True, exist_ok=True)
-    print(f"{args.network} b1: {len(extraction.tasks)} ansor tasks, budget {trials} trials for each tuner, "
-          f"TVM_NUM_THREADS={cores}; work dir {work_dir}", flush=True)
-
-    walls: dict[str, float] = {}
-    log = Path(args.ansor_log) if args.ansor_log else work_dir / f"{args.network}-b1.json"
-    if not args.ansor_log:
-        walls["ansor"] = tune_ansor(args.network, trials, log)
-        print(f"ansor tuned in {walls['ansor']:.0f} s", flush=True)
-    ms_exe = None
-    if not args.skip_metaschedule:
-        ms_exe, walls["metaschedule"] = tune_metaschedule(extraction, target, trials,
-                                                          str(work_dir / "metaschedule"))
-        print(f"MetaSchedule tuned in {walls['metaschedule']:.0f} s", flush=True)
-
-    time.sleep(args.pause)
-    ev = evaluate_network(net, extraction, log, target, repeat=args.repeat)
-    if not ev.comparison.ok:
-        print("error: ansor's tuned build gives outputs that differ from the default build's", file=sys.stderr)
-        return 1
-    rows = [("default build", ev.default.mean_ms), ("ansor", ev.tuned.mean_ms)]
-    if ms_exe is not None:
-        time.sleep(args.pause)
-        rows.append(("metaschedule", time_network(ms_exe, net, target=target, repeat=args.repeat).mean_ms))
-    torch_ms = _torch_mean_ms(args.network, cores, args.repeat, args.pause)
-    if torch_ms is not None:
-        rows.append((f"pytorch eager ({cores} threads)", torch_ms))
-
-    ansor_ms = ev.tuned.mean_ms
-    print(f"\n{'build':<28}{'mean ms':>10}{'ansor / this':>14}")
-    for name, ms in rows:
-        print(f"{name:<28}{ms:>10.3f}{ansor_ms / ms:>14.2f}")
-    print(f"tasks tuned by ansor: {ev.tuned_tasks}/{ev.n_tasks}; tuning wall time: "
-          + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()))
+    models: list[tuple[str, Path, str | None]] = []  # name, ONNX file, the PyTorch definition it came from
+    if args.onnx:
+        models = [(Path(f).stem, Path(f), None) for f in args.onnx]
+    else:
+        from ansor.networks.torch_baseline import export_onnx
+        for name in args.models:
+            path = work / f"{name}.onnx"
+            if not path.exists():
+                export_onnx(name, 1, path)
+            models.append((name, path, name))
+    reports = [bench_model(name, path, args, target, threads, work, torch_name) for name, path, torch_name in models]
+    for report in reports:
+        print_report(report, peak.gflops, threads)
+    if args.plot:
+        plot(reports, args.plot)
     return 0
-
-
-def _torch_mean_ms(network: str, threads: int, repeat: int, pause: float):
-    """PyTorch eager latency of the same network, or None without torch or a torch definition."""
-    try:
-        from ansor.networks.torch_baseline import time_torch
-    except ImportError:
-        return None
-    time.sleep(pause)
-    try:
-        return time_torch(network, 1, threads, repeat).mean_ms
-    except Exception as err:  # torch missing or no definition for this network
-        print(f"note: no PyTorch baseline ({err})", file=sys.stderr)
-        return None
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-PEAK_GFLOPS = 465.0  # 2-core Zen 5, full-width AVX-512, fp32 (16-accumulator zmm FMA loop)
-
 
 @dataclass
 class Row:
@@ -112,10 +110,12 @@ def main() -> int:
     args = parser.parse_args()
 
     from ansor.target import host_target
+    from peak import cpu_description, measure_peak
     target = host_target()
-    os.environ["TVM_NUM_THREADS"] = str(int(target.attrs["num-cores"]))
-    print(f"target {target}, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}, peak {PEAK_GFLOPS} GFLOPS",
-          flush=True)
+    threads = int(target.attrs["num-cores"])
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    peak = measure_peak(threads)
+    print(f"target {target}, TVM_NUM_THREADS={threads}\n{cpu_description()}\n{peak.summary()}", flush=True)
 
     rows: list[Row] = []
     for wkl in args.wkl:
@@ -144,7 +144,7 @@ def main() -> int:
         numpy = next((x.gflops for x in rows if x.workload == r.workload and x.contender == "numpy"), float("nan"))
         ms_ = next((x.gflops for x in rows if x.workload == r.workload and x.trials == r.trials
                     and x.contender == "metaschedule"), float("nan"))
-        print(f"{r.workload:<20}{r.trials:>7} {r.contender:<14}{r.gflops:>9.1f}{r.gflops / PEAK_GFLOPS:>9.2f}"
+        print(f"{r.workload:<20}{r.trials:>7} {r.contender:<14}{r.gflops:>9.1f}{r.gflops / peak.gflops:>9.2f}"
               f"{r.gflops / numpy:>9.2f}{r.gflops / ms_:>8.2f}{r.wall_s:>8.1f}  {r.note}")
     return 0
 

@@ -1,0 +1,95 @@
+"""The CPU inference runtimes a user compares ansor with, timed on the same ONNX file, inputs and threads.
+
+ONNX Runtime and OpenVINO come with the ``bench`` extra (``pip install -e ".[bench]"``); a runtime that is not
+installed is reported as missing, never faked. Every runtime is timed as ansor's builds are
+(:func:`ansor.networks.time_network`): a few warm-up runs, then ``repeat`` repeats of at least
+``min_repeat_ms`` each; the statistics are over the repeats.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PeerResult:
+    """One runtime's latency (ms) and outputs, or why it could not run."""
+
+    name: str
+    mean_ms: float = float("nan")
+    median_ms: float = float("nan")
+    outputs: Optional[list[np.ndarray]] = None
+    missing: str = ""
+
+
+def time_calls(run: Callable[[], object], repeat: int = 10, min_repeat_ms: float = 200.0,
+               warmup: int = 3) -> tuple[float, float]:
+    """(mean, median) milliseconds per call over ``repeat`` repeats of at least ``min_repeat_ms``."""
+    for _ in range(warmup):
+        run()
+    start = time.perf_counter()
+    run()
+    number = max(1, int(np.ceil(min_repeat_ms / 1e3 / max(time.perf_counter() - start, 1e-6))))
+    ms = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            run()
+        ms.append((time.perf_counter() - start) / number * 1e3)
+    return float(np.mean(ms)), float(np.median(ms))
+
+
+def onnxruntime_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: int) -> PeerResult:
+    """ONNX Runtime's CPU provider with all graph optimisations, ``threads`` intra-op threads."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return PeerResult("ONNX Runtime", missing="pip install onnxruntime (the bench extra)")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    outputs = session.run(None, feed)
+    mean, median = time_calls(lambda: session.run(None, feed), repeat)
+    return PeerResult(f"ONNX Runtime {ort.__version__}", mean, median, list(outputs))
+
+
+def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: int) -> PeerResult:
+    """OpenVINO's CPU plugin with the latency hint and ``threads`` inference threads."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return PeerResult("OpenVINO", missing="pip install openvino (the bench extra)")
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU",
+                                  {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    by_name = {port.any_name: feed[port.any_name] for port in compiled.inputs}
+    result = request.infer(by_name)
+    outputs = [np.asarray(result[port]) for port in compiled.outputs]
+    mean, median = time_calls(lambda: request.infer(by_name), repeat)
+    return PeerResult(f"OpenVINO {ov.__version__.split('-')[0]}", mean, median, outputs)
+
+
+def torch_peer(network: str, batch_size: int, threads: int, repeat: int) -> PeerResult:
+    """PyTorch eager on the model definition the ONNX file was exported from (built-in networks only)."""
+    from ansor.networks.torch_baseline import TorchUnavailableError, time_torch, torch_available
+    if not torch_available():
+        return PeerResult("PyTorch eager", missing="pip install -e '.[torch]'")
+    try:
+        timing = time_torch(network, batch_size, threads, repeat)
+    except TorchUnavailableError as err:
+        return PeerResult("PyTorch eager", missing=str(err))
+    import torch
+    return PeerResult(f"PyTorch {torch.__version__.split('+')[0]} eager", timing.mean_ms, timing.median_ms)
+
+
+def max_difference(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
+    """Largest absolute difference between two runs' first outputs, relative to the reference's scale."""
+    g, w = np.asarray(got[0], np.float64), np.asarray(want[0], np.float64)
+    return float(np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30))

@@ -1,0 +1,26 @@
+"""The machine-peak probe the benchmarks divide by (scripts/bench/peak.py): it must run on any CPU."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+import peak  # noqa: E402
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None, reason="needs a C compiler")
+def test_fma_probe_builds_for_this_cpu_and_measures_work():
+    gflops, config = peak.fma_gflops(threads=1, seconds=0.02)
+    assert gflops > 0.1 and "-byte vectors" in config
+    nacc = int(config.split(" x ")[0])
+    assert nacc in peak.ACCUMULATORS
+
+
+def test_sgemm_probe_and_summary():
+    gflops, note = peak.sgemm_gflops(threads=1, n=256, repeats=2)
+    assert gflops > 0.1 and "n=256" in note
+    report = peak.Peak(1, 50.0, "12 x 32-byte vectors", gflops, note)
+    assert report.gflops == max(50.0, gflops) and "peak" in report.summary()
+    assert peak.cpu_description().startswith("CPU: ")
