@@ -7,8 +7,8 @@ They hold the conventions every script follows:
   ``error: ...`` on stderr and exit status 2, and Ctrl-C into a short message and exit status 130;
 * ``TVM_NUM_THREADS`` is set from the target's core count before the first kernel runs in the process
   (:func:`set_tvm_threads`);
-* measurement goes through one :class:`~ansor.measure.measurer.ProgramMeasurer` on Ray, ranked by one cost
-  model (:func:`make_measurer`, :func:`make_model`);
+* tuning goes through the library's API with its default measurement (:func:`tuning_options` turns the
+  flags into :class:`~ansor.tuning.TuningOptions`);
 * a network's log is called ``<network>-b<batch>.json``, so the network and batch of a log can be read back
   from its name (:func:`log_name`, :func:`network_from_log_name`).
 
@@ -138,26 +138,27 @@ def network_from_log_name(path: os.PathLike) -> Optional[tuple[str, int]]:
 
 
 # --------------------------------------------------------------------------------------------- measure
-def make_model(args: argparse.Namespace):
-    """The cost model: ``--load-model`` wins, else a fresh XGBoost or random model."""
-    from .cost_model import RandomModel, XGBModel, load_model
-    if args.load_model:
-        return load_model(args.load_model)
-    return XGBModel(seed=args.seed) if args.cost_model == "xgb" else RandomModel(seed=args.seed)
+def tuning_options(args: argparse.Namespace, callbacks: Sequence = ()):
+    """The :class:`~ansor.tuning.TuningOptions` of a tuning script's flags (timing: the library default).
 
-
-#: How the scripts and benchmarks time candidates while tuning (see make_measurer).
-TUNING_TIMING = {"repeat": 3, "min_repeat_ms": 15}
-
-
-def make_measurer(args: argparse.Namespace, callbacks: list):
-    """Ray measurement: builds in parallel, then each candidate timed alone on the node's cores.
-
-    3 repeats of at least 15 ms each: enough to rank candidates on a noisy machine while keeping a short
-    run short; final numbers are re-timed for longer by the scripts.
+    ``--load-model`` wins over ``--cost-model``; ``callbacks`` see every result as it arrives.
     """
-    from .measure.measurer import ProgramMeasurer
-    return ProgramMeasurer(args.ray_address, callbacks=callbacks, **TUNING_TIMING)
+    from .tuning import TuningOptions
+    model = args.cost_model
+    if args.load_model:
+        from .cost_model import load_model
+        model = load_model(args.load_model)
+    return TuningOptions(num_measure_trials=args.n_trials, num_measures_per_round=args.per_round,
+                         early_stopping=getattr(args, "early_stopping", None), seed=args.seed,
+                         measure_callbacks=list(callbacks), ray_address=args.ray_address, cost_model=model)
+
+
+def open_database(path: Optional[str]):
+    """The :class:`~ansor.database.Database` of ``--database DIR``, or ``None``."""
+    if not path:
+        return None
+    from .database import Database
+    return Database(path)
 
 
 # -------------------------------------------------------------------------------------------- networks
@@ -223,26 +224,27 @@ class NetworkEvaluation:
     comparison: "object"  # OutputComparison
     tuned_tasks: int
     n_tasks: int
+    tuned_executable: "object" = None  # the tuned build, for --export
 
     @property
     def speedup(self) -> float:
         return self.default.mean_ms / self.tuned.mean_ms
 
 
-def tuned_task_count(tasks, log: os.PathLike, target) -> int:
-    """How many of ``tasks`` have a valid record in the log (for ``target``)."""
+def tuned_task_count(tasks, log: "os.PathLike | Sequence[os.PathLike]", target) -> int:
+    """How many of ``tasks`` have a valid record in the log or logs (for ``target``)."""
     from .records import best_records, load_records
     best = best_records(load_records(log, target=target))
     return sum(1 for t in tasks if t.workload_key in best)
 
 
-def evaluate_network(extraction, log: os.PathLike, target, repeat: int = 10,
+def evaluate_network(extraction, log: "os.PathLike | Sequence[os.PathLike]", target, repeat: int = 10,
                      min_repeat_ms: int = 200) -> NetworkEvaluation:
     """Build the default and the tuned network, compare their outputs, and time both.
 
     The default build gives every task the parallel + vectorized default schedule; the tuned build
-    replaces each task that has a valid record in ``log`` by its best schedule. Timing runs in this
-    process (``TVM_NUM_THREADS`` must already be set).
+    replaces each task that has a valid record in ``log`` (a log or a list of logs) by its best schedule.
+    Timing runs in this process (``TVM_NUM_THREADS`` must already be set).
     """
     from .networks import apply_best, apply_history_best, build, compare_outputs, time_network
     tuned_mod = apply_history_best(extraction.mod, extraction.tasks, log, target=target)
@@ -253,7 +255,7 @@ def evaluate_network(extraction, log: os.PathLike, target, repeat: int = 10,
     default = time_network(default_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
     tuned = time_network(tuned_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
     return NetworkEvaluation(default, tuned, comparison, tuned_task_count(extraction.tasks, log, target),
-                             len(extraction.tasks))
+                             len(extraction.tasks), tuned_exe)
 
 
 def timing_table(rows: Sequence[tuple[str, object]]) -> str:

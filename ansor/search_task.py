@@ -7,13 +7,24 @@ Logs store the PrimFunc text next to the key, so any log can be replayed without
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import os
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import tvm
 import tvm_ffi
 
 from .compute_dag import ComputeDAG
 from .target import HardwareParams, hardware_params, parse_target, target_to_str
+
+if TYPE_CHECKING:
+    from .database import Database
+    from .records import Record
+    from .tuning import TuneResult, TuningOptions
+
+#: Anything :func:`ansor.target.parse_target` accepts.
+TargetLike = Union[str, dict, tvm.target.Target, None]
+#: Where records are read from: a log file, several, or a :class:`~ansor.database.Database`.
+LogSource = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]], "Database"]
 
 
 def prim_func_key(func: tvm.tirx.PrimFunc) -> str:
@@ -38,7 +49,7 @@ class SearchTask:
         A human-readable name (shown in progress tables).
     """
 
-    def __init__(self, func: tvm.tirx.PrimFunc, target: Union[str, dict, tvm.target.Target, None] = None,
+    def __init__(self, func: tvm.tirx.PrimFunc, target: TargetLike = None,
                  workload_key: Optional[str] = None, hardware: Optional[HardwareParams] = None,
                  desc: str = ""):
         self.func = func
@@ -49,7 +60,7 @@ class SearchTask:
         self._dag: Optional[ComputeDAG] = None
 
     @staticmethod
-    def from_workload(name: str, target: Union[str, dict, tvm.target.Target, None] = None) -> "SearchTask":
+    def from_workload(name: str, target: TargetLike = None) -> "SearchTask":
         """A task for a registered workload (``matmul-512``, ``nhwc-resnet-50.C2``, ...)."""
         from .workloads import get_workload
         wl = get_workload(name)
@@ -68,6 +79,44 @@ class SearchTask:
     @property
     def target_str(self) -> str:
         return target_to_str(self.target)
+
+    # -- the auto_scheduler workflow (the tuning loop lives in the layer above: imported on use)
+    def tune(self, options: Optional["TuningOptions"] = None, log_file: Union[str, os.PathLike, None] = None, *,
+             database: Union["Database", str, os.PathLike, None] = None, resume: bool = True) -> "TuneResult":
+        """Tune this task (see :func:`ansor.tuning.tune_task`): every measurement appended to ``log_file``."""
+        from .tuning import tune_task
+        return tune_task(self, options, log_file, database=database, resume=resume)
+
+    def best_record(self, log_file: LogSource) -> "Record":
+        """The fastest valid record of this task and target in a log, several logs or a database.
+
+        Raises
+        ------
+        RecordError
+            If a log is missing or unreadable, or holds no valid record of this task for this target.
+        """
+        from .database import log_paths
+        from .errors import RecordError
+        from .records import best_records, load_records
+        paths = log_paths(log_file)
+        best = best_records(load_records(paths, workload_key=self.workload_key, target=self.target))
+        if self.workload_key not in best:
+            where = ", ".join(str(p) for p in paths) or "an empty database"
+            raise RecordError(f"{where}: no valid record of {self.workload_key} for target {self.target_str}")
+        return best[self.workload_key]
+
+    def apply_best(self, log_file: LogSource) -> tvm.IRModule:
+        """The scheduled IRModule (``mod["main"]``) of the best record of this task in ``log_file``."""
+        return self.compute_dag.replay(self.best_record(log_file).steps).mod
+
+    def print_best(self, log_file: LogSource, print_mode: str = "schedule") -> str:
+        """The best schedule as code: ``schedule``: the ``tvm.s_tir.Schedule`` primitives as Python;
+        ``tir``: the scheduled PrimFunc as TVMScript."""
+        if print_mode not in ("schedule", "tir"):
+            from .errors import AnsorError
+            raise AnsorError(f"unknown print_mode {print_mode!r}; valid: 'schedule', 'tir'")
+        sch = self.compute_dag.replay(self.best_record(log_file).steps)
+        return str(sch.trace) if print_mode == "schedule" else sch.mod["main"].script()
 
     def __getstate__(self) -> dict:
         # TVM objects travel as text so a task can be shipped to Ray workers and stored in logs.

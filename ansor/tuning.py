@@ -1,25 +1,37 @@
-"""auto_schedule: the tuning loop for one task, in the auto_scheduler vocabulary.
+"""Tuning one task, in the auto_scheduler vocabulary: options, the tuning loop, and the one-call path.
 
 Each round: the policy proposes programs, the measurer builds and times them (its callbacks append every
-result to the log the moment it arrives), and the cost model retrains. A resumed run first replays the
-log into the policy and the model, so nothing measured is measured again.
+result to the log the moment it arrives), and the cost model retrains. A task's history (its own log when
+resuming, a :class:`~ansor.database.Database`'s logs) is fed to the policy and the model first and counts
+towards the trial budget, so nothing measured is measured again.
+
+:class:`TuningOptions` and its :class:`RunnerOptions` are the one definition of how every script and the
+Python API measure: the defaults below *are* the scripts' settings.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union
 
 from .errors import AnsorError, StepError
 from .loop_state import State
 from .measure.types import MeasureInput, MeasureResult
-from .records import Record, distinct_records, load_records, other_targets_message
-from .search_task import SearchTask
+from .records import (
+    Record, RecordWriter, best_records, distinct_records, load_records, other_targets_message,
+)
+from .search_task import SearchTask, TargetLike
 from .sketch.policy import SearchParams, SketchPolicy
 
+if TYPE_CHECKING:
+    from .database import Database
+
 logger = logging.getLogger("ansor")
+
 
 class Measurer(Protocol):
     def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]: ...
@@ -31,21 +43,116 @@ class CostModel(Protocol):
     def predict(self, task: SearchTask, states: Sequence[State]): ...
 
 
+#: A measure callback: called with ``([input], [result])`` for every candidate as soon as it finishes.
+MeasureCallback = Callable[[Sequence[MeasureInput], Sequence[MeasureResult]], None]
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How each built candidate is checked and timed (arguments of the Ray runner).
+
+    3 repeats of at least 15 ms: enough to rank candidates on a noisy machine while keeping a short run
+    short (cv ~3 % on the best matmul-512 candidates, 48 ms per candidate instead of ~210 ms with 40 ms
+    repeats and TVM's own loop; see docs/design.md). Final numbers are re-timed for longer by the scripts.
+    ``None`` keeps the measurer's own default (run timeout 10 s, ``slow_factor`` 5).
+    """
+
+    number: int = 1
+    repeat: int = 3
+    min_repeat_ms: int = 15
+    timeout: Optional[float] = None
+    enable_cpu_cache_flush: bool = True
+    slow_factor: Optional[float] = None
+    check_correctness: bool = True
+
+
+@dataclass(frozen=True)
+class BuilderOptions:
+    """How candidates are compiled: each build is a Ray task killed after ``timeout`` s (``None``: 15 s)."""
+
+    timeout: Optional[float] = None
+
+
 @dataclass
 class TuningOptions:
-    """How much to measure and how."""
+    """How much to measure and how.
+
+    Attributes
+    ----------
+    num_measure_trials
+        Total measurements of the task, its history (resumed log, database) included.
+    num_measures_per_round
+        Candidates measured per round; the cost model retrains after each.
+    early_stopping
+        Stop after this many trials without improvement (``None``: never).
+    seed
+        Seed of the search (and of a fresh cost model).
+    search
+        Knobs of the sketch policy.
+    measure_callbacks
+        Extra callbacks seeing every result as it arrives (the log writer is always the first).
+    builder, runner
+        Build timeout; timing, checking and run timeout.
+    ray_address
+        Ray cluster to join (``None``: ``$RAY_ADDRESS``, else an embedded loopback-only local Ray).
+    cost_model
+        ``"xgb"`` (default), ``"random"``, or a model object (e.g. ``ansor.cost_model.load_model(path)``).
+    """
 
     num_measure_trials: int = 64
     num_measures_per_round: int = 16
-    early_stopping: Optional[int] = None  # stop after this many trials without improvement
+    early_stopping: Optional[int] = None
     seed: int = 0
     search: SearchParams = field(default_factory=SearchParams)
+    measure_callbacks: Sequence[MeasureCallback] = ()
+    builder: BuilderOptions = field(default_factory=BuilderOptions)
+    runner: RunnerOptions = field(default_factory=RunnerOptions)
+    ray_address: Optional[str] = None
+    cost_model: Any = "xgb"
 
     def __post_init__(self) -> None:
         if self.num_measure_trials <= 0:
             raise AnsorError(f"num_measure_trials must be positive, got {self.num_measure_trials}")
         if self.num_measures_per_round <= 0:
             raise AnsorError(f"num_measures_per_round must be positive, got {self.num_measures_per_round}")
+        if self.early_stopping is not None and self.early_stopping <= 0:
+            raise AnsorError(f"early_stopping must be positive or None, got {self.early_stopping}")
+        if isinstance(self.cost_model, str) and self.cost_model not in ("xgb", "random"):
+            raise AnsorError(f"unknown cost model {self.cost_model!r}; valid: 'xgb', 'random', or a model object")
+
+
+def make_cost_model(options: TuningOptions):
+    """The cost model ``options`` names: a fresh seeded XGBoost or random model, or the object given."""
+    if not isinstance(options.cost_model, str):
+        return options.cost_model
+    from .cost_model import RandomModel, XGBModel
+    return XGBModel(seed=options.seed) if options.cost_model == "xgb" else RandomModel(seed=options.seed)
+
+
+def make_measurer(options: TuningOptions, callbacks: Sequence[MeasureCallback] = ()):
+    """A :class:`~ansor.measure.measurer.ProgramMeasurer` on Ray with ``options``' builder and runner.
+
+    ``callbacks`` come first, then ``options.measure_callbacks``. Use it as a context manager.
+    """
+    from .measure.measurer import ProgramMeasurer
+    run, build = options.runner, options.builder
+    optional = {"build_timeout": build.timeout, "run_timeout": run.timeout, "slow_factor": run.slow_factor}
+    return ProgramMeasurer(options.ray_address, callbacks=[*callbacks, *options.measure_callbacks],
+                           number=run.number, repeat=run.repeat, min_repeat_ms=run.min_repeat_ms,
+                           enable_cpu_cache_flush=run.enable_cpu_cache_flush,
+                           check_correctness=run.check_correctness,
+                           **{k: v for k, v in optional.items() if v is not None})
+
+
+def ray_session(address: Optional[str] = None):
+    """Start (or join) Ray once for several tuning calls; returns the session (``close()`` it when done).
+
+    Each tuning call otherwise starts an embedded Ray and stops it at its end (seconds each); calls made
+    while a session is open reuse it. The embedded instance listens on 127.0.0.1 only; ``address`` (or
+    ``$RAY_ADDRESS``) joins a cluster instead. The session is closed at interpreter exit in any case.
+    """
+    from .measure.ray_session import RaySession
+    return RaySession.open(address)
 
 
 @dataclass
@@ -62,11 +169,41 @@ class RoundReport:
 
 @dataclass
 class TuneResult:
+    """The outcome of tuning one task.
+
+    ``trials`` counts the history too; ``resumed`` is how many of them came from the history (a resumed
+    log or a database), so ``trials - resumed`` were measured by this call.
+    """
+
     best_state: Optional[State]
     best_cost: float
     trials: int
     resumed: int
     rounds: list[RoundReport] = field(default_factory=list)
+    task: Optional[SearchTask] = None
+    log_file: Optional[Path] = None
+
+    @property
+    def measured(self) -> int:
+        """Measurements made by this call."""
+        return self.trials - self.resumed
+
+    @property
+    def best_gflops(self) -> float:
+        """Throughput of the best program (0 when none is valid or the task has no floating-point work)."""
+        if self.task is None or self.best_state is None or not self.task.flop_ct:
+            return 0.0
+        return self.task.flop_ct / self.best_cost / 1e9
+
+    def __str__(self) -> str:
+        name = self.task.workload_key if self.task is not None else "task"
+        if self.best_state is None:
+            best = "no valid program"
+        else:
+            best = f"best {self.best_cost * 1e3:.4f} ms"
+            best += f" ({self.best_gflops:.1f} GFLOPS)" if self.best_gflops else ""
+        log = f"; log {self.log_file}" if self.log_file is not None else ""
+        return f"{name}: {best} after {self.trials} trials ({self.resumed} from history){log}"
 
 
 @dataclass
@@ -104,57 +241,183 @@ def feed_history(task: SearchTask, records: Sequence[Record], policy: SketchPoli
     return History(len(inputs), best_cost, best_state)
 
 
-def auto_schedule(task: SearchTask, options: TuningOptions, measurer: Measurer, model: CostModel,
-                  resume_from: Optional[str] = None,
+def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, measurer: Optional[Measurer] = None,
+                  model: Optional[CostModel] = None, resume_from: Optional[str] = None,
                   on_round: Optional[Callable[[RoundReport], None]] = None,
-                  on_resume: Optional[Callable[[int], None]] = None) -> TuneResult:
-    """Tune ``task`` for ``options.num_measure_trials`` trials (resumed ones included)."""
+                  on_resume: Optional[Callable[[int], None]] = None,
+                  history: Sequence[Record] = ()) -> TuneResult:
+    """Tune ``task`` for ``options.num_measure_trials`` trials, its history included.
+
+    ``history`` (records of this task) and the records of ``task`` in the log ``resume_from`` are fed to
+    the policy and the model first and count towards the budget. Without a ``measurer`` one is made from
+    ``options`` (:func:`make_measurer`) when the first round needs it, and closed at the end; without a
+    ``model``, :func:`make_cost_model`. The caller's measurer carries the log writer; use :func:`tune_task`
+    for the whole workflow (log, resume, database).
+    """
+    options = options or TuningOptions()
+    if resume_from:
+        history = [*history, *_log_history(task, resume_from)]
+    history = distinct_records(history)
+    resumed = len(history)
+    if resumed >= options.num_measure_trials:  # budget spent: no search, no model, no measurer
+        best = best_records(history).get(task.workload_key)
+        if on_resume:
+            on_resume(resumed)
+        state = task.compute_dag.state_from_steps(best.steps) if best else None
+        return TuneResult(state, best.result.mean_cost if best else float("inf"), resumed, resumed, [], task)
+    model = model if model is not None else make_cost_model(options)
     policy = SketchPolicy(task, model, seed=options.seed, params=options.search)
     best_cost, best_state = float("inf"), None
-    resumed = 0
-    if resume_from:
-        records = load_records(resume_from, workload_key=task.workload_key, target=task.target)
-        if records:
-            history = feed_history(task, records, policy, model)
-            best_cost, best_state, resumed = history.best_cost, history.best_state, history.count
-            logger.info("resumed %d records of %s from %s", resumed, task.workload_key, resume_from)
-            if on_resume:
-                on_resume(resumed)
-        else:
-            note = other_targets_message(resume_from, task.target, {task.workload_key})
-            if note:
-                logger.warning("resuming nothing: %s", note)
-    trials, since_best = resumed, 0
-    reports: list[RoundReport] = []
-    while trials < options.num_measure_trials:
-        if options.early_stopping is not None and since_best >= options.early_stopping:
-            logger.info("early stop: no improvement in %d trials", since_best)
-            break
-        n = min(options.num_measures_per_round, options.num_measure_trials - trials)
-        t0 = time.perf_counter()
-        states = policy.next_batch(n)
-        t1 = time.perf_counter()
-        if not states:
-            logger.info("search space exhausted after %d trials", trials)
-            break
-        inputs = [MeasureInput(task, s) for s in states]
-        results = measurer.measure(inputs)
-        t2 = time.perf_counter()
-        policy.record(inputs, results)
-        model.update(inputs, results)
-        t3 = time.perf_counter()
-        errors = 0
-        for inp, res in zip(inputs, results):
-            trials += 1
-            if not res.ok:
-                errors += 1
-                since_best += 1
-            elif res.mean_cost < best_cost:
-                best_cost, best_state, since_best = res.mean_cost, inp.state, 0
-            else:
-                since_best += 1
-        report = RoundReport(trials, best_cost, errors, t1 - t0, t2 - t1, t3 - t2)
-        reports.append(report)
-        if on_round:
-            on_round(report)
-    return TuneResult(best_state, best_cost, trials, resumed, reports)
+    if history:
+        fed = feed_history(task, history, policy, model)
+        best_cost, best_state, resumed = fed.best_cost, fed.best_state, fed.count
+        logger.info("%s: %d records from its history", task.workload_key, resumed)
+        if on_resume:
+            on_resume(resumed)
+    own = None
+    try:
+        trials, since_best = resumed, 0
+        reports: list[RoundReport] = []
+        while trials < options.num_measure_trials:
+            if options.early_stopping is not None and since_best >= options.early_stopping:
+                logger.info("early stop: no improvement in %d trials", since_best)
+                break
+            n = min(options.num_measures_per_round, options.num_measure_trials - trials)
+            t0 = time.perf_counter()
+            states = policy.next_batch(n)
+            t1 = time.perf_counter()
+            if not states:
+                logger.info("search space exhausted after %d trials", trials)
+                break
+            if measurer is None:
+                measurer = own = make_measurer(options)
+            inputs = [MeasureInput(task, s) for s in states]
+            results = measurer.measure(inputs)
+            t2 = time.perf_counter()
+            policy.record(inputs, results)
+            model.update(inputs, results)
+            t3 = time.perf_counter()
+            errors = 0
+            for inp, res in zip(inputs, results):
+                trials += 1
+                if not res.ok:
+                    errors += 1
+                    since_best += 1
+                elif res.mean_cost < best_cost:
+                    best_cost, best_state, since_best = res.mean_cost, inp.state, 0
+                else:
+                    since_best += 1
+            report = RoundReport(trials, best_cost, errors, t1 - t0, t2 - t1, t3 - t2)
+            reports.append(report)
+            if on_round:
+                on_round(report)
+    finally:
+        if own is not None:
+            own.close()
+    return TuneResult(best_state, best_cost, trials, resumed, reports, task)
+
+
+def tune_task(task: SearchTask, options: Optional[TuningOptions] = None,
+              log_file: Union[str, os.PathLike, None] = None, *,
+              database: Union["Database", str, os.PathLike, None] = None,
+              resume: bool = True, measurer: Optional[Measurer] = None,
+              on_round: Optional[Callable[[RoundReport], None]] = None,
+              on_resume: Optional[Callable[[int], None]] = None) -> TuneResult:
+    """Tune ``task`` into ``log_file``: the whole workflow behind :meth:`SearchTask.tune` and :func:`tune`.
+
+    Parameters
+    ----------
+    log_file
+        Where every measurement is appended; default ``<database>/<workload key>.json`` with a database,
+        else ``logs/<workload key>.json``.
+    database
+        A :class:`~ansor.database.Database` (or its directory): its records of this task and target are
+        the task's history. A task whose history already reaches the budget is not measured at all.
+    resume
+        Also take the task's records in ``log_file`` as history (default): rerunning a call continues it.
+    measurer
+        A measurer to use instead of a new one (it must already write to the log: the caller owns it).
+    """
+    from .database import as_database
+    options = options or TuningOptions()
+    db = as_database(database)
+    path = Path(log_file) if log_file is not None else default_log_path(task.workload_key, db)
+    if path.is_dir():
+        raise AnsorError(f"log {path} is a directory; give a file path (example: logs/mm.json)")
+    history: list[Record] = []
+    if resume and path.exists():
+        history = _log_history(task, path)
+    if db is not None:
+        history = distinct_records([*history, *db.records(task.workload_key, task.target)])
+    if measurer is not None or len(history) >= options.num_measure_trials:  # the log needs no writer here
+        result = auto_schedule(task, options, measurer, on_round=on_round, on_resume=on_resume, history=history)
+    else:
+        with RecordWriter(path) as writer:
+            own_options = replace(options, measure_callbacks=[writer.write, *options.measure_callbacks])
+
+            def round_done(report: RoundReport) -> None:
+                writer.sync()  # each round's measurements survive a power loss too
+                if on_round is not None:
+                    on_round(report)
+
+            result = auto_schedule(task, own_options, None, on_round=round_done, on_resume=on_resume,
+                                   history=history)
+    result.log_file = path
+    return result
+
+
+def _log_history(task: SearchTask, path: Union[str, os.PathLike]) -> list[Record]:
+    """The task's records in the log at ``path``; when there are none for its target, say which targets the
+    log holds (a resume that silently re-measures everything is the worst outcome)."""
+    records = load_records(path, workload_key=task.workload_key, target=task.target)
+    if not records:
+        note = other_targets_message(path, task.target, {task.workload_key})
+        if note:
+            logger.warning("resuming nothing: %s", note)
+    return records
+
+
+def default_log_path(name: str, database: Optional["Database"] = None) -> Path:
+    """``<database>/<name>.json`` with a database, else ``logs/<name>.json`` (the scripts' convention)."""
+    return database.log_path(name) if database is not None else Path("logs") / f"{name}.json"
+
+
+def as_task(func: Any, target: TargetLike = None, workload_key: Optional[str] = None) -> SearchTask:
+    """A :class:`SearchTask` from a PrimFunc, a list of TE tensors, a one-PrimFunc IRModule, or a task."""
+    import tvm
+    if isinstance(func, SearchTask):
+        return func
+    if isinstance(func, tvm.IRModule):
+        funcs = [f for _, f in func.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+        if len(funcs) != 1:
+            raise AnsorError(f"an IRModule to tune must hold exactly one PrimFunc, this one has {len(funcs)}; "
+                             "for a Relax model use ansor.relax.tune_relax")
+        func = funcs[0]
+    elif isinstance(func, (list, tuple)):
+        if not func or not all(isinstance(t, tvm.te.Tensor) for t in func):
+            raise AnsorError("give a PrimFunc or a list of TE tensors (placeholders and outputs), "
+                             f"not a {type(func).__name__} of {sorted({type(t).__name__ for t in func})}")
+        func = tvm.te.create_prim_func(list(func))
+    if not isinstance(func, tvm.tirx.PrimFunc):
+        raise AnsorError(f"cannot tune a {type(func).__name__}: give a PrimFunc, a list of TE tensors, "
+                         "a one-PrimFunc IRModule or a SearchTask")
+    return SearchTask(func, target, workload_key=workload_key)
+
+
+def tune(func: Any, target: TargetLike = None, trials: Optional[int] = None,
+         log_file: Union[str, os.PathLike, None] = None, *, options: Optional[TuningOptions] = None,
+         database: Union["Database", str, os.PathLike, None] = None, resume: bool = True,
+         workload_key: Optional[str] = None) -> TuneResult:
+    """Tune one program in one call: ``ansor.tune(func, "llvm", trials=64, log_file="mm.json")``.
+
+    ``func`` is a PrimFunc, a list of TE tensors (``[A, B, C]``), a one-PrimFunc IRModule or a
+    :class:`SearchTask`; ``trials`` (default 64) overrides ``options.num_measure_trials``. Measurement,
+    timing and cost model are the scripts' (:class:`TuningOptions` defaults). Returns a
+    :class:`TuneResult`: ``best_state``, ``best_cost`` (seconds), ``log_file``; apply it with
+    ``result.task.apply_best(result.log_file)``. See :func:`tune_task` for ``database`` and ``resume``.
+    """
+    task = as_task(func, target, workload_key)
+    options = options or TuningOptions()
+    if trials is not None:
+        options = replace(options, num_measure_trials=trials)
+    return tune_task(task, options, log_file, database=database, resume=resume)

@@ -7,6 +7,7 @@ Examples
   python scripts/tune_network.py --network mobilenet-v2 --batch-size 16 --n-trials 1000
   python scripts/tune_network.py --onnx model.onnx --n-trials 500
   python scripts/tune_network.py --network resnet-50 --eval-only                  # apply the log, no tuning
+  python scripts/tune_network.py --network resnet-50 --n-trials 2000 --database db --export deploy/r50
 
 The gradient task scheduler gives each round of --per-round measurements to the task whose improvement
 would lower the estimated total latency most (the sum over tasks of weight x best latency; weight = how
@@ -45,10 +46,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="'host' (this CPU, physical cores; default), 'llvm', 'llvm -mcpu=znver5 "
                              "-num-cores=2', or a JSON dict")
     parser.add_argument("--log-file", default=None,
-                        help="JSON-lines log to append to (default logs/<network>-b<batch>.json)")
+                        help="JSON-lines log to append to (default logs/<network>-b<batch>.json, with "
+                             "--database DIR/<network>-b<batch>.json)")
     parser.add_argument("--resume", action="store_true",
                         help="read --log-file first: its measurements count towards --n-trials, train the "
                              "cost model, and are never measured again")
+    parser.add_argument("--database", default=None, metavar="DIR",
+                        help="a directory of logs: a task some log there tuned for this target is done (its "
+                             "best record is used, it gets no trials; with --resume the run's own log is "
+                             "continued instead); the log defaults to DIR/<network>-b<batch>.json, so the "
+                             "database grows with every run")
+    parser.add_argument("--export", default=None, metavar="DIR",
+                        help="write the tuned build to DIR: model.so, model.json, README.md (and params.bin "
+                             "when weights are run-time arguments); it loads and runs with tvm alone")
     parser.add_argument("--eval-only", action="store_true",
                         help="no tuning: apply the best schedules of --log-file and report the timing table")
     parser.add_argument("--per-round", type=int, default=16,
@@ -90,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, state: dict) -> int:
-    from ansor.cli import check_log_file, check_positive, load_network, log_name, parse_target_and_threads
+    from ansor.cli import (
+        check_log_file, check_positive, load_network, log_name, open_database, parse_target_and_threads,
+    )
 
     check_positive("--n-trials", args.n_trials, "64")
     check_positive("--per-round", args.per_round, "16")
@@ -102,8 +114,13 @@ def run(args: argparse.Namespace, state: dict) -> int:
                          "(example: --minutes 10)")
     target = parse_target_and_threads(args.target, args.ray_address)  # sets TVM_NUM_THREADS first
     net = load_network(args.network, args.onnx, args.batch_size)
-    log_file = Path(args.log_file or Path("logs") / log_name(net.name, net.batch_size))
-    check_log_file(log_file, must_exist=args.eval_only, resume=args.resume)
+    database = open_database(args.database)
+    name = log_name(net.name, net.batch_size)
+    log_file = Path(args.log_file) if args.log_file else (database.path / name if database else Path("logs") / name)
+    check_log_file(log_file, must_exist=args.eval_only and database is None, resume=args.resume)
+    if args.export:
+        from ansor.relax import check_export_dir
+        check_export_dir(args.export)
 
     from ansor.networks import extract
 
@@ -116,14 +133,15 @@ def run(args: argparse.Namespace, state: dict) -> int:
         raise_no_tasks(net)
 
     table = TaskTable(extraction.tasks, args.n_trials)
+    logs = [log_file, *(database.logs(exclude=[log_file]) if database else [])]
     if not args.eval_only:
         state["log_file"] = log_file
-        tune(args, extraction, target, log_file, table)
+        tune(args, extraction, log_file, database, table)
         state.pop("log_file")
     else:
-        table.load(log_file, target)
+        table.load([p for p in logs if p.exists()], target)
     print("\n".join(table.render(final=True)))
-    return report(args, net, extraction, target, log_file, table)
+    return report(args, net, extraction, target, [p for p in logs if p.exists()], table)
 
 
 def raise_no_tasks(net) -> None:
@@ -132,56 +150,57 @@ def raise_no_tasks(net) -> None:
                        "ComputeDAG cannot analyse)")
 
 
-def tune(args: argparse.Namespace, extraction, target, log_file: Path, table: "TaskTable") -> None:
-    from ansor.cli import make_measurer, make_model
-    from ansor.records import RecordWriter
-    from ansor.networks import default_candidates
-    from ansor.task_scheduler import tune_tasks
+def tune(args: argparse.Namespace, extraction, log_file: Path, database, table: "TaskTable") -> None:
+    from ansor.cli import tuning_options
+    from ansor.relax import tune_tasks
 
-    resume = args.resume and log_file.exists()
     if args.resume and not log_file.exists():
         print(f"note: {log_file} does not exist yet; starting a fresh log", file=sys.stderr)
-    elif not args.resume and log_file.exists() and log_file.stat().st_size > 0:
+    elif not args.resume and database is None and log_file.exists() and log_file.stat().st_size > 0:
         print(f"note: appending to the existing {log_file} without reading it (use --resume to continue it)",
               file=sys.stderr)
-    if resume:
-        table.load(log_file, target)
-        print(f"resumed {table.resumed} measurements of {sum(1 for n in table.trials if n)} tasks from "
-              f"{log_file}", file=sys.stderr)
+
+    def history(resumed, reused) -> None:
+        table.add_history(resumed, reused)
+        if resumed:
+            print(f"resumed {table.resumed} measurements of {len(resumed)} tasks from {log_file}", file=sys.stderr)
+        if reused:
+            print(f"database {database.path}: {len(reused)} of {len(table.tasks)} tasks already tuned there "
+                  f"({sum(map(len, reused.values()))} records); they get no trials", file=sys.stderr)
         if table.resumed >= args.n_trials:
             print(f"note: the log already holds {table.resumed} >= --n-trials {args.n_trials} measurements; "
                   "nothing to tune", file=sys.stderr)
-            return
-    tasks = [t.task for t in extraction.tasks]
-    weights = [t.weight for t in extraction.tasks]
-    model = make_model(args)
-    table.start()
-    with RecordWriter(log_file) as writer, make_measurer(args, [writer.write, table.measured]) as measurer:
-        tune_tasks(tasks, weights, args.n_trials, measurer, model, per_round=args.per_round,
-                   strategy=args.strategy, early_stopping=args.early_stopping, seed=args.seed,
-                   resume_from=str(log_file) if resume else None,
-                   on_round=lambda rnd: (writer.sync(), table.round_done(rnd)),  # each round on disk
-                   first=[default_candidates(t) for t in tasks],
-                   time_limit=None if args.minutes is None else args.minutes * 60)
+        table.start()
+
+    result = tune_tasks(extraction.tasks, log_file, args.n_trials, options=tuning_options(args, [table.measured]),
+                        database=database, strategy=args.strategy, resume=args.resume, on_round=table.round_done,
+                        on_history=history, time_limit=None if args.minutes is None else args.minutes * 60)
     table.stop()
-    print(f"tuning: {table.used} trials ({table.resumed} resumed, {table.errors} failed) in "
-          f"{time.time() - table.t0:.1f} s; log: {log_file}", file=sys.stderr)
+    print(f"tuning: {result.total_measured} new trials ({table.resumed} resumed, {table.errors} failed, "
+          f"{len(result.reused)} tasks from the database) in {time.time() - table.t0:.1f} s; log: {log_file}",
+          file=sys.stderr)
 
 
-def report(args: argparse.Namespace, net, extraction, target, log_file: Path, table: "TaskTable") -> int:
+def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], table: "TaskTable") -> int:
     from ansor.cli import EXIT_FAILED, evaluate_network, timing_table
 
-    if table.resumed == 0 and table.used == 0:
-        print(f"note: {log_file} has no measurement of this network's tasks: the tuned build is the default "
+    where = ", ".join(map(str, logs)) or "the log"
+    if not any(table.trials):
+        print(f"note: {where} has no measurement of this network's tasks: the tuned build is the default "
               "build", file=sys.stderr)
     print("building the default and the tuned network ...", file=sys.stderr)
-    ev = evaluate_network(extraction, log_file, target, repeat=args.repeat)
+    ev = evaluate_network(extraction, logs, target, repeat=args.repeat)
     cmp_ = ev.comparison
     if not cmp_.ok:
         print(f"error: the tuned build's output differs from the default build's: max |difference| "
               f"{cmp_.max_abs_error:.3g} > allowed {cmp_.atol + cmp_.rtol * cmp_.scale:.3g} "
-              f"(output scale {cmp_.scale:.3g}); a schedule in {log_file} is wrong", file=sys.stderr)
+              f"(output scale {cmp_.scale:.3g}); a schedule in {where} is wrong", file=sys.stderr)
         return EXIT_FAILED
+    if args.export:
+        from ansor.relax import export_network
+        library = export_network(ev.tuned_executable, extraction.network, args.export, target)
+        print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
+              f"{', params.bin' if extraction.network.weights else ''})")
     print(f"Output check: tuned == default build (max |difference| {cmp_.max_abs_error:.3g}, allowed "
           f"{cmp_.atol + cmp_.rtol * cmp_.scale:.3g})")
     print(f"Mean inference time (std dev): {ev.tuned.mean_ms:.3f} ms ({ev.tuned.std_ms:.3f} ms)")
@@ -237,13 +256,22 @@ class TaskTable:
         self.t0 = time.time()
 
     # -- data
-    def load(self, log_file: Path, target) -> None:
-        """Count the log's measurements of these tasks (what the scheduler resumes from)."""
+    def load(self, logs: list[Path], target) -> None:
+        """Count the logs' measurements of these tasks (what --eval-only applies); a state measured twice is
+        one trial."""
         from ansor.records import distinct_records, load_records
-        for rec in distinct_records(load_records(log_file, target=target)):  # a state measured twice is one trial
+        for rec in distinct_records(load_records(logs, target=target)) if logs else []:
             i = self.index.get(rec.workload_key)
             if i is not None:
                 self._add(i, rec.result)
+        self.resumed = self.used
+
+    def add_history(self, resumed: dict, reused: dict) -> None:
+        """Records the run starts from: resumed ones count towards the budget, database ones do not."""
+        for records, counts in ((resumed, True), (reused, False)):
+            for key, recs in records.items():
+                for rec in recs:
+                    self._add(self.index[key], rec.result, counts)
         self.resumed = self.used
 
     def measured(self, inputs, results) -> None:
@@ -268,9 +296,9 @@ class TaskTable:
         if self.rounds % self.EVERY == 0:
             print("\n".join(self.render()), file=self.stream, flush=True)
 
-    def _add(self, i: int, res) -> None:
+    def _add(self, i: int, res, counts: bool = True) -> None:
         self.trials[i] += 1
-        self.used += 1
+        self.used += counts
         if res.ok:
             self.best[i] = min(self.best[i], res.mean_cost)
         else:

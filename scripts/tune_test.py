@@ -5,6 +5,7 @@ Examples
   python scripts/tune_test.py --wkl matmul-512 --n-trials 64
   python scripts/tune_test.py --wkl nhwc-resnet-50.C2 --n-trials 256 --log-file logs/c2.json
   python scripts/tune_test.py --wkl matmul-512 --n-trials 512 --log-file logs/c2.json --resume
+  python scripts/tune_test.py --wkl matmul-512 --n-trials 64 --database tuning-db   # reuse earlier runs
 
 Every measurement is appended to the log as soon as it finishes; after a crash or Ctrl-C, rerun with
 --resume and nothing measured is measured again. Exit status 2 means bad input (the message says which).
@@ -32,9 +33,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="'host' (this CPU, physical cores; default), 'llvm', 'llvm -mcpu=znver5 "
                              "-num-cores=2', 'cuda -arch=sm_80', or a JSON dict")
     parser.add_argument("--log-file", default=None,
-                        help="JSON-lines log to append to (default logs/<workload>.json)")
+                        help="JSON-lines log to append to (default logs/<workload>.json, with --database "
+                             "DIR/<workload>.json)")
     parser.add_argument("--resume", action="store_true",
                         help="read --log-file first and never re-measure what it holds")
+    parser.add_argument("--database", default=None, metavar="DIR",
+                        help="a directory of logs: the task's records there (any log, same target) are its "
+                             "history and count towards --n-trials; the log defaults to DIR/<workload>.json")
     parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
                         help="join this Ray cluster instead of starting a local one (default: $RAY_ADDRESS, "
@@ -63,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ansor.cli import check_log_file, make_measurer, make_model, parse_target_and_threads
+    from ansor.cli import check_log_file, open_database, parse_target_and_threads, tuning_options
     from ansor.errors import AnsorError
 
     if args.n_trials <= 0:
@@ -75,18 +80,17 @@ def run(args: argparse.Namespace) -> int:
     target = parse_target_and_threads(args.target, args.ray_address)
 
     from ansor.search_task import SearchTask
+    from ansor.tuning import default_log_path, tune_task
     task = SearchTask.from_workload(args.wkl, target)
-    log_file = Path(args.log_file or f"logs/{task.workload_key}.json")
+    database = open_database(args.database)
+    log_file = Path(args.log_file) if args.log_file else default_log_path(task.workload_key, database)
     check_log_file(log_file, resume=args.resume)
     if args.resume and not log_file.exists():
         print(f"note: {log_file} does not exist yet; starting a fresh log", file=sys.stderr)
 
-    from ansor.tuning import TuningOptions, auto_schedule
-    from ansor.records import RecordWriter
     from ansor.measure.types import MeasureInput, MeasureResult
     from tqdm import tqdm
 
-    model = make_model(args)
     bar = tqdm(total=args.n_trials, unit="trial", desc=task.workload_key, dynamic_ncols=True)
     stats = {"best": float("inf"), "errors": 0}
 
@@ -101,20 +105,14 @@ def run(args: argparse.Namespace) -> int:
         bar.update(len(results))
 
     t0 = time.time()
-    # The log writer and the progress bar see each candidate the moment it finishes.
-    with RecordWriter(log_file) as writer, make_measurer(args, [writer.write, progress]) as measurer:
-        options = TuningOptions(num_measure_trials=args.n_trials, num_measures_per_round=args.per_round,
-                                seed=args.seed)
-        try:
-            result = auto_schedule(task, options, measurer, model,
-                                   resume_from=str(log_file) if args.resume and log_file.exists() else None,
-                                   on_resume=lambda n: bar.update(min(n, args.n_trials)),
-                                   on_round=lambda _: writer.sync())  # each round on disk, power loss too
-        except KeyboardInterrupt:
-            bar.close()
-            print(f"\ninterrupted: finished measurements are in {log_file}; rerun with --resume",
-                  file=sys.stderr)
-            return 130
+    # The library's log writer, then the progress bar, see each candidate the moment it finishes.
+    try:
+        result = tune_task(task, tuning_options(args, [progress]), log_file, database=database,
+                           resume=args.resume, on_resume=lambda n: bar.update(min(n, args.n_trials)))
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\ninterrupted: finished measurements are in {log_file}; rerun with --resume", file=sys.stderr)
+        return 130
     bar.close()
     wall = time.time() - t0
     if result.best_state is None:

@@ -254,3 +254,38 @@ def test_plot_tuning_curve_png(tuned, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "10 trials; 5 of 5 tasks measured" in proc.stdout
+
+
+def test_database_and_export(tuned, tmp_path):
+    """A database holding the tuned log: a second run measures nothing and exports a build tvm alone runs."""
+    log, _ = tuned
+    db = tmp_path / "db"
+    db.mkdir()
+    shutil.copy(log, db / "earlier-run.json")
+    out = tmp_path / "deploy"
+    proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", 10, "--database", db, "--export", out,
+               "--repeat", 1)
+    assert_final_report(proc)
+    assert f"{TINY_TASKS} of {TINY_TASKS} tasks already tuned there" in proc.stderr
+    assert "tuning: 0 new trials" in proc.stderr
+    assert f"{TINY_TASKS} of {TINY_TASKS} tasks use tuned schedules" in proc.stdout
+    new_log = db / "tiny-cnn-b1.json"  # this run's log: nothing was measured
+    assert not new_log.exists() or records(new_log) == []
+    meta = json.loads((out / "model.json").read_text())
+    assert meta["entry"] == "forward" and [i["name"] for i in meta["inputs"]] == ["data"]
+    assert meta["weights"] == [] and meta["params_file"] is None  # prepared for the CPU: weights are constants
+
+    import numpy as np
+    from ansor.networks import apply_best, build, extract, get_network, run as run_network
+    ex = extract(get_network("tiny-cnn", 1), meta["target"])
+    x = ex.network.random_inputs(seed=3)[0]
+    want = run_network(build(apply_best(ex.mod, ex.tasks, {}), meta["target"]), ex.network, [x], meta["target"])[0]
+    np.save(tmp_path / "x.npy", x)
+    snippet = re.search(r"```python\n(.*?)```", (out / "README.md").read_text(), re.S).group(1)
+    child = snippet + ("\nimport sys\nassert 'ansor' not in sys.modules\n"
+                       f"np.save({str(tmp_path / 'y.npy')!r}, run(np.load({str(tmp_path / 'x.npy')!r}))[0])\n")
+    no_ansor = {k: v for k, v in env().items() if k != "PYTHONPATH"}
+    loaded = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**no_ansor, "MODEL_DIR": str(out)})
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-5)

@@ -67,3 +67,16 @@ def test_short_run_then_resume_measures_nothing_twice(tmp_path):
     assert len(steps) == 12  # 8 resumed + 4 new
     assert len(set(steps)) == 12  # nothing measured twice
     assert "(8 resumed)" in second.stdout
+
+
+def test_database_dir_holds_the_log_and_a_spent_budget_measures_nothing(tmp_path):
+    db = tmp_path / "db"
+    first = run("--wkl", "matmul-64", "--n-trials", "4", "--per-round", "4", "--database", str(db),
+                "--cost-model", "random")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert len(_steps_of(db / "matmul-64.json")) == 4  # the log defaults to DIR/<workload>.json
+    other = tmp_path / "other.json"
+    second = run("--wkl", "matmul-64", "--n-trials", "4", "--database", str(db), "--log-file", str(other))
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "(4 resumed)" in second.stdout and "Best program:" in second.stdout
+    assert not other.exists() or _steps_of(other) == []

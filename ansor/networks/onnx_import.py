@@ -2,7 +2,9 @@
 
 The ``onnx`` package is an optional extra (``pip install ansor[onnx]``); it is imported only here and
 only when a model is loaded. Weights stay out of the Relax module (``keep_params_in_input``), as for the
-built-in networks, so the module stays small and its PrimFuncs do not depend on weight values.
+built-in networks, so the module stays small and its PrimFuncs do not depend on weight values. Before
+conversion, the shape computations exporters put in the graph are folded into constants for the static
+input shapes (:mod:`.onnx_fold`), which TVM's importer needs.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ def load_onnx(path: Union[str, os.PathLike], shapes: Optional[Mapping[str, Seque
     except Exception as err:  # protobuf DecodeError, ValidationError, OSError ...
         raise NetworkError(f"{path}: not a valid ONNX model ({short_reason(err)})") from None
     inputs = _input_specs(onnx, model, path, dict(shapes or {}))
+    # Exporters compute shapes in the graph; TVM's importer needs them constant (see onnx_fold).
+    from .onnx_fold import fold_shape_subgraphs
+    model, folding = fold_shape_subgraphs(model, {s.name: s.shape for s in inputs})
+    if folding.total:
+        logger.info("%s: %s", path, folding)
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
@@ -89,7 +96,8 @@ def load_onnx(path: Union[str, os.PathLike], shapes: Optional[Mapping[str, Seque
                         dtype_dict={s.name: s.dtype for s in inputs}, keep_params_in_input=True)
         mod, detached = relax.frontend.detach_params(mod)
     except Exception as err:  # unsupported operators and the like
-        raise NetworkError(f"{path}: cannot convert the ONNX model to Relax ({short_reason(err)})") from None
+        folded = f"; {folding}" if folding.total else ""
+        raise NetworkError(f"{path}: cannot convert the ONNX model to Relax ({short_reason(err)}){folded}") from None
     func = mod["main"]
     weight_vars = list(func.params)[len(inputs):]
     values = [t.numpy() for t in detached.get("main", [])]

@@ -21,11 +21,11 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from ..measure.types import MAX_COST, MeasureInput
 from ..loop_state import State
-from ..records import load_records, other_targets_message
+from ..records import Record, load_records, other_targets_message
 from ..search_task import SearchTask
 from ..sketch.policy import SearchParams, SketchPolicy
 from ..tuning import feed_history
@@ -140,22 +140,38 @@ def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: 
                per_round: int = 16, strategy: str = "gradient", early_stopping: Optional[int] = None,
                seed: int = 0, search: Optional[SearchParams] = None, resume_from: Optional[str] = None,
                on_round: Optional[Callable[[SchedulerRound], None]] = None,
-               first: Optional[Sequence[Sequence[State]]] = None, time_limit: Optional[float] = None) -> Allocator:
+               first: Optional[Sequence[Sequence[State]]] = None, time_limit: Optional[float] = None,
+               history: Optional[Mapping[str, Sequence[Record]]] = None,
+               tuned_elsewhere: Optional[Mapping[str, Sequence[Record]]] = None) -> Allocator:
     """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator.
 
     ``first[i]``: states of task ``i`` measured in its first round, before anything searched. A network
     passes each task's default schedule, so a tuned task is never slower than its untuned build.
     ``time_limit``: seconds after which no new round starts (the trial budget may end it first).
+    ``history`` (records by workload key, like the log ``resume_from``) continues this run: it counts
+    towards ``n_trials``. ``tuned_elsewhere`` (a database's records of other runs) teaches the policies,
+    the model and the allocator, but its tasks get no rounds and its records do not count.
     """
     states = [TaskState(float(w), t.flop_ct, tag=_tag(t)) for t, w in zip(tasks, weights)]
     alloc = Allocator(states, strategy=strategy, early_stopping=early_stopping, seed=seed)
     firsts = list(first) if first is not None else [()] * len(tasks)
     policies = [SketchPolicy(t, model, seed=seed + i, params=search, first=f)
                 for i, (t, f) in enumerate(zip(tasks, firsts))]
-    used = 0
     start = time.perf_counter()
+    by_key: dict[str, list[Record]] = {k: list(v) for k, v in (history or {}).items()}
     if resume_from:
-        used = _resume(tasks, policies, alloc, model, resume_from)
+        for record in load_records(resume_from, target=tasks[0].target if tasks else None):
+            by_key.setdefault(record.workload_key, []).append(record)
+        if tasks and not any(by_key.get(t.workload_key) for t in tasks):
+            note = other_targets_message(resume_from, tasks[0].target, {t.workload_key for t in tasks})
+            if note:
+                logger.warning("resuming nothing: %s", note)
+    used = _feed(tasks, policies, alloc, model, by_key) if by_key else 0
+    elsewhere = {k: v for k, v in (tuned_elsewhere or {}).items() if v and not by_key.get(k)}
+    if elsewhere:
+        _feed(tasks, policies, alloc, model, elsewhere)
+        for i, task in enumerate(tasks):
+            alloc.tasks[i].dead = alloc.tasks[i].dead or task.workload_key in elsewhere
     while used < n_trials:
         if time_limit is not None and time.perf_counter() - start >= time_limit:
             logger.info("time limit of %.0f s reached after %d trials", time_limit, used)
@@ -188,12 +204,10 @@ def _tag(task: SearchTask) -> str:
     return "conv2d" if "conv2d" in name else ("dense" if "matmul" in name or "dense" in name else "")
 
 
-def _resume(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Allocator, model,
-            path: str) -> int:
-    """Replay a log into the policies, the model and the allocator; returns the distinct trials it holds."""
-    by_key: dict[str, list] = {}
-    for record in load_records(path, target=tasks[0].target if tasks else None):
-        by_key.setdefault(record.workload_key, []).append(record)
+def _feed(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Allocator, model,
+          by_key: Mapping[str, Sequence[Record]]) -> int:
+    """Replay records into the policies, the model and the allocator; returns how many distinct states fed
+    a task (a state measured twice counts once; records that do not fit a task's program are left out)."""
     used = 0
     for i, task in enumerate(tasks):
         records = by_key.get(task.workload_key, [])
@@ -203,9 +217,5 @@ def _resume(tasks: Sequence[SearchTask], policies: list[SketchPolicy], alloc: Al
         if history.count:
             alloc.record(i, history.count, min(history.best_cost, MAX_COST))
             used += history.count
-    logger.info("resumed %d records from %s", used, path)
-    if not used and tasks:
-        note = other_targets_message(path, tasks[0].target, {t.workload_key for t in tasks})
-        if note:
-            logger.warning("resuming nothing: %s", note)
+    logger.info("%d records of %d tasks from earlier runs", used, sum(1 for t in tasks if by_key.get(t.workload_key)))
     return used

@@ -38,10 +38,8 @@ class Run:
 def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) -> Run:
     from ansor import apply
     from ansor.measure import RecordToFile
-    from ansor.cli import TUNING_TIMING
-    from ansor.measure.measurer import ProgramMeasurer
     from ansor.search_task import SearchTask
-    from ansor.tuning import TuningOptions, auto_schedule
+    from ansor.tuning import TuningOptions, auto_schedule, make_measurer
 
     task = SearchTask.from_workload(wkl)
     curve: list[float] = []
@@ -52,8 +50,9 @@ def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) ->
             curve.append(max(gflops, curve[-1] if curve else 0.0))
 
     t0 = time.time()
-    with ProgramMeasurer(callbacks=[RecordToFile(log), track], **TUNING_TIMING) as measurer:
-        result = auto_schedule(task, TuningOptions(num_measure_trials=trials, seed=seed), measurer, model)
+    options = TuningOptions(num_measure_trials=trials, seed=seed)  # the scripts' timing and measurer
+    with make_measurer(options, [RecordToFile(log), track]) as measurer:
+        result = auto_schedule(task, options, measurer, model)
     wall = time.time() - t0
     module = apply.build(task, result.best_state)
     cost = apply.time_module(task, module, apply.random_inputs(task))

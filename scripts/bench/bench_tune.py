@@ -36,17 +36,16 @@ class Row:
 def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
     from ansor import apply
     from ansor.cost_model import XGBModel
-    from ansor.cli import TUNING_TIMING
-    from ansor.measure.measurer import ProgramMeasurer
     from ansor.search_task import SearchTask
-    from ansor.tuning import TuningOptions, auto_schedule
+    from ansor.tuning import TuningOptions, auto_schedule, make_measurer
 
     task = SearchTask.from_workload(wkl)
     model = XGBModel(seed=seed)
+    options = TuningOptions(num_measure_trials=trials, seed=seed)  # the scripts' timing and measurer
     t0 = time.time()
-    with ProgramMeasurer(**TUNING_TIMING) as measurer:
+    with make_measurer(options) as measurer:
         ray_start = time.time() - t0
-        result = auto_schedule(task, TuningOptions(num_measure_trials=trials, seed=seed), measurer, model)
+        result = auto_schedule(task, options, measurer, model)
     wall = time.time() - t0
     rounds = result.rounds
     search = sum(r.search_s for r in rounds) / max(1, len(rounds))

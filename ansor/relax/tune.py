@@ -1,0 +1,182 @@
+"""Tuning a Relax model's tasks into a log: the one network-tuning path of the API and the scripts.
+
+:func:`tune_tasks` shares a trial budget among weighted tasks with Ansor's gradient task scheduler, one
+cost model and one Ray measurer, measuring each task's default schedule first (so a tuned task is never
+slower than its default build). History comes from two places:
+
+* the run's own log (``resume=True``): its records count towards ``trials`` and the run continues them;
+* a :class:`~ansor.database.Database`: a task that a log of the database tuned for this target is
+  **done**: its records teach the cost model and give its best latency, but it gets no new trials and
+  they do not count towards ``trials`` (the budget goes to the new tasks). So tuning ResNet-101 after
+  ResNet-50 measures none of the tasks they share. With ``resume``, the run's own log (which may lie in
+  the database directory) is continued instead of counted as done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence, Union
+
+from ..database import Database, as_database
+from ..errors import AnsorError
+from ..measure.types import MeasureInput, MeasureResult
+from ..records import Record, RecordWriter, load_records
+from ..search_task import TargetLike
+from ..tuning import TuningOptions, make_cost_model, make_measurer
+from ..networks import NetworkTask, default_candidates, extract
+from .model import Params, as_network
+
+logger = logging.getLogger("ansor")
+
+#: Records by workload key.
+History = Mapping[str, Sequence[Record]]
+
+
+@dataclass
+class NetworkTuneResult:
+    """What :func:`tune_tasks` did.
+
+    Attributes
+    ----------
+    tasks
+        The tasks, in the order given.
+    log_file
+        Where this run's measurements are.
+    best_costs
+        Best latency (seconds) of each task over its whole history (``inf``: none valid).
+    measured
+        New measurements of each task in this run.
+    resumed
+        Records of the run's own log that counted towards the budget.
+    reused
+        Workload keys of the tasks the database had already tuned (measured 0 times here).
+    """
+
+    tasks: list[NetworkTask]
+    log_file: Path
+    best_costs: list[float]
+    measured: list[int]
+    resumed: int = 0
+    reused: list[str] = field(default_factory=list)
+
+    @property
+    def total_measured(self) -> int:
+        return sum(self.measured)
+
+    @property
+    def estimated_latency(self) -> Optional[float]:
+        """Σ weight × best latency (seconds) once every task has a valid measurement, else ``None``."""
+        if any(c == float("inf") for c in self.best_costs):
+            return None
+        return sum(t.weight * c for t, c in zip(self.tasks, self.best_costs))
+
+    def __str__(self) -> str:
+        est = self.estimated_latency
+        total = f"estimated latency {est * 1e3:.3f} ms" if est is not None else "some tasks without a valid program"
+        return (f"{len(self.tasks)} tasks: {self.total_measured} new measurements, {self.resumed} resumed, "
+                f"{len(self.reused)} tasks from the database; {total}; log {self.log_file}")
+
+
+def extract_tasks(mod, params: Params = None, target: TargetLike = None) -> list[NetworkTask]:
+    """The weighted tuning tasks of any Relax module (``params`` by name are bound as constants first).
+
+    The fused module and the PrimFuncs left out are in ``ansor.networks.extract(as_network(mod, params))``.
+    """
+    return extract(as_network(mod, params), target).tasks
+
+
+def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], trials: Optional[int] = None, *,
+               options: Optional[TuningOptions] = None, database: Union[Database, str, os.PathLike, None] = None,
+               strategy: str = "gradient", resume: bool = False, time_limit: Optional[float] = None,
+               on_round: Optional[Callable] = None,
+               on_history: Optional[Callable[[History, History], None]] = None) -> NetworkTuneResult:
+    """Tune weighted tasks with one shared budget into ``log_file`` (see the module docstring).
+
+    Parameters
+    ----------
+    trials
+        Total budget over all tasks; overrides ``options.num_measure_trials``.
+    options
+        Budget per round (``num_measures_per_round``), early stopping per task, seed, cost model, measurer
+        (:class:`~ansor.tuning.TuningOptions`; defaults = the scripts').
+    strategy
+        ``gradient`` (Ansor's task scheduler) or ``round-robin``.
+    resume
+        Continue the run's own log: its records of these tasks count towards ``trials``.
+    time_limit
+        Seconds after which no new round starts (``trials`` may end the run first).
+    on_round
+        Called with a :class:`~ansor.task_scheduler.SchedulerRound` after every round.
+    on_history
+        Called once with (records resumed from the log, records reused from the database) by workload key.
+    """
+    from ..task_scheduler import tune_tasks as schedule_tasks
+
+    if not tasks:
+        raise AnsorError("no task to tune (the model has no PrimFunc worth a search)")
+    if strategy not in ("gradient", "round-robin"):
+        raise AnsorError(f"unknown strategy {strategy!r}; valid: gradient, round-robin")
+    options = options or TuningOptions()
+    if trials is not None:
+        options = replace(options, num_measure_trials=trials)
+    db = as_database(database)
+    path = Path(log_file)
+    if path.is_dir():
+        raise AnsorError(f"log {path} is a directory; give a file path (example: logs/net.json)")
+    target = tasks[0].task.target
+    keys = [t.workload_key for t in tasks]
+    own: dict[str, list[Record]] = {}
+    if resume and path.exists():
+        for rec in load_records(path, target=target):
+            if rec.workload_key in keys:
+                own.setdefault(rec.workload_key, []).append(rec)
+    # Without resume the run's own log is one more log of the database (a rerun finds its tasks done).
+    exclude = [path] if resume else []
+    reused = {k: v for k, v in (db.history(keys, target, exclude=exclude) if db else {}).items() if k not in own}
+    if on_history:
+        on_history(own, reused)
+    resumed = sum(len(v) for v in own.values())
+    best = {k: min([r.result.mean_cost for r in recs if r.result.ok], default=float("inf"))
+            for k, recs in {**own, **reused}.items()}
+    measured: Counter = Counter()
+
+    def count(inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:
+        for inp, res in zip(inputs, results):
+            measured[inp.task.workload_key] += 1
+            if res.ok:
+                best[inp.task.workload_key] = min(best.get(inp.task.workload_key, float("inf")), res.mean_cost)
+
+    if resumed < options.num_measure_trials and any(k not in reused for k in keys):
+        model = make_cost_model(options)
+        with RecordWriter(path) as writer, make_measurer(options, [writer.write, count]) as measurer:
+
+            def round_done(rnd) -> None:
+                writer.sync()  # each round's measurements survive a power loss too
+                if on_round is not None:
+                    on_round(rnd)
+
+            schedule_tasks([t.task for t in tasks], [t.weight for t in tasks], options.num_measure_trials, measurer,
+                           model, per_round=options.num_measures_per_round, strategy=strategy,
+                           early_stopping=options.early_stopping, seed=options.seed, search=options.search,
+                           on_round=round_done, first=[default_candidates(t.task) for t in tasks],
+                           time_limit=time_limit, history=own, tuned_elsewhere=reused)
+    else:
+        logger.info("nothing to tune: %d resumed records, %d of %d tasks from the database", resumed,
+                    len(reused), len(tasks))
+    return NetworkTuneResult(list(tasks), path, [best.get(k, float("inf")) for k in keys],
+                             [measured[k] for k in keys], resumed, sorted(reused))
+
+
+def tune_relax(mod, params: Params, target: TargetLike, log_file: Union[str, os.PathLike],
+               trials: Optional[int] = None, **kwargs) -> NetworkTuneResult:
+    """Extract the tasks of a Relax module and tune them into ``log_file`` (``kwargs``: :func:`tune_tasks`).
+
+    ``params``: weights by parameter name, bound as constants (``None``: weights stay runtime inputs).
+    Compile the result with :func:`~ansor.relax.compile_relax` (same ``mod``, ``params`` and target).
+    """
+    return tune_tasks(extract_tasks(mod, params, target), log_file, trials, **kwargs)
+

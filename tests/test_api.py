@@ -1,0 +1,116 @@
+"""The Python API for one program: ansor.tune, SearchTask.tune/apply_best/print_best, options, database.
+
+Real tuning on one local Ray shared by the module, with a 32x32x32 matmul and a handful of trials.
+"""
+
+import argparse
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import ansor
+from ansor.records import load_records
+
+TARGET = {"kind": "llvm", "num-cores": 2}
+FAST = ansor.TuningOptions(num_measures_per_round=4, cost_model="random")
+
+
+def matmul(n: int = 32):
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return [a, b, c]
+
+
+@pytest.fixture(scope="module")
+def tuned(local_ray, tmp_path_factory):
+    """``ansor.tune`` of a TE matmul: 4 trials into a fresh log, with a callback counting results."""
+    log = tmp_path_factory.mktemp("api") / "mm.json"
+    seen = []
+    options = ansor.TuningOptions(num_measures_per_round=4, cost_model="random",
+                                  measure_callbacks=[lambda inputs, results: seen.extend(results)])
+    result = ansor.tune(matmul(), TARGET, trials=4, log_file=log, options=options)
+    return log, result, seen
+
+
+def test_tune_te_compute_in_one_call(tuned):
+    log, result, seen = tuned
+    assert result.trials == 4 and result.resumed == 0 and result.measured == 4
+    assert len(seen) == 4  # the user's callback saw every result
+    assert len(load_records(log)) == 4
+    assert result.best_state is not None and 0 < result.best_cost < float("inf")
+    assert result.log_file == log and result.best_gflops > 0
+    assert str(result).startswith(f"{result.task.workload_key}: best ")
+
+
+def test_apply_best_and_print_best(tuned):
+    log, result, _ = tuned
+    task = result.task
+    mod = task.apply_best(log)
+    assert isinstance(mod, tvm.IRModule)
+    fn = tvm.compile(mod, target=task.target)
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((32, 32)).astype("float32") for _ in range(2))
+    out = tvm.runtime.tensor(np.zeros((32, 32), "float32"))
+    fn["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    code = task.print_best(log)
+    assert "sch.get_sblock" in code or "sch.split" in code, code
+    assert "T.prim_func" in task.print_best(log, print_mode="tir")
+    with pytest.raises(ansor.AnsorError, match="valid: 'schedule', 'tir'"):
+        task.print_best(log, print_mode="te")
+
+
+def test_rerun_resumes_and_a_spent_budget_measures_nothing(tuned, tmp_path):
+    log, result, _ = tuned
+    again = ansor.tune(matmul(), TARGET, trials=4, log_file=log, options=FAST)
+    assert again.measured == 0 and again.resumed == 4 and again.best_cost == result.best_cost
+    # A database holding the log: a fresh log elsewhere starts from its records.
+    db = ansor.Database(tmp_path / "db")
+    ansor.records.distill(log, db.log_path("earlier"), top_k=4)
+    from_db = ansor.tune(matmul(), TARGET, trials=6, log_file=tmp_path / "new.json", options=FAST, database=db)
+    assert from_db.resumed == 4 and from_db.measured == 2
+    assert len(load_records(tmp_path / "new.json")) == 2  # only the new measurements
+    assert {r.steps for r in load_records(tmp_path / "new.json")}.isdisjoint({r.steps for r in load_records(log)})
+
+
+def test_search_task_tune_in_auto_scheduler_vocabulary(tuned):
+    log, result, _ = tuned
+    task = ansor.SearchTask(te.create_prim_func(matmul()), TARGET)
+    assert task.workload_key == result.task.workload_key  # the same program is the same task
+    again = task.tune(ansor.TuningOptions(num_measure_trials=4, early_stopping=2), log_file=log)
+    assert again.task is task and again.measured == 0 and again.best_cost == result.best_cost
+    assert isinstance(task.apply_best(log), tvm.IRModule)
+
+
+def test_scripts_and_api_share_one_timing_definition(local_ray):
+    from ansor.cli import tuning_options
+    from ansor.tuning import make_measurer
+
+    args = argparse.Namespace(n_trials=8, per_round=4, seed=0, ray_address=None, cost_model="xgb", load_model=None)
+    options = tuning_options(args)
+    assert options.runner == ansor.TuningOptions().runner == ansor.RunnerOptions()
+    assert (options.runner.repeat, options.runner.min_repeat_ms) == (3, 15)
+    with make_measurer(options) as measurer:
+        config = measurer._pool.config
+    assert (config.repeat, config.min_repeat_ms, config.number) == (3, 15, 1)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("matmul", "cannot tune a str"),
+    ([1, 2], "list of TE tensors"),
+    (tvm.IRModule({}), "exactly one PrimFunc"),
+])
+def test_bad_programs_name_what_is_accepted(bad, match):
+    with pytest.raises(ansor.AnsorError, match=match):
+        ansor.tune(bad, TARGET, trials=1)
+
+
+def test_bad_options_are_one_line_errors():
+    with pytest.raises(ansor.AnsorError, match="num_measure_trials must be positive"):
+        ansor.TuningOptions(num_measure_trials=0)
+    with pytest.raises(ansor.AnsorError, match="valid: 'xgb', 'random'"):
+        ansor.TuningOptions(cost_model="gbm")
