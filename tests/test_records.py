@@ -416,8 +416,9 @@ def test_resume_counts_each_state_once(tmp_path, task, states):
     assert result.best_state.steps == states[1].steps and result.best_cost == pytest.approx(0.525)
 
 
-def test_resume_for_another_target_names_the_targets_the_log_holds(tmp_path, task, states, caplog):
+def test_resume_for_another_target_names_the_targets_the_log_holds(tmp_path, task, states, caplog, local_ray):
     from ansor.cost_model import RandomModel
+    from ansor.measure import ProgramMeasurer
     from ansor.task_scheduler import tune_tasks
     from ansor.tuning import TuningOptions, auto_schedule
 
@@ -427,9 +428,9 @@ def test_resume_for_another_target_names_the_targets_the_log_holds(tmp_path, tas
     assert log_targets(path) == {other.target_str: 3}
     assert log_targets(path, {"matmul-32"}) == {}
     with caplog.at_level(logging.WARNING, logger="ansor"):
-        # early_stopping=0 stops before the first measurement: only the resume runs.
-        result = auto_schedule(task, TuningOptions(num_measure_trials=8, early_stopping=0), measurer=None,
-                               model=RandomModel(), resume_from=str(path))
+        with ProgramMeasurer(min_repeat_ms=1) as measurer:  # one real trial: the resume found nothing
+            result = auto_schedule(task, TuningOptions(num_measure_trials=1, num_measures_per_round=1), measurer,
+                                   model=RandomModel(), resume_from=str(path))
         tune_tasks([task], [1.0], 0, measurer=None, model=RandomModel(), resume_from=str(path))
     assert result.resumed == 0
     notes = warnings_of(caplog)
