@@ -79,24 +79,15 @@ def time_metaschedule(wkl: str, trials: int, seed: int) -> tuple[float, float, s
     return task.flop_ct / cost / 1e9, wall, "tune_tir, default rules and builder"
 
 
-def time_numpy(wkl: str) -> tuple[float, float, str]:
-    import numpy as np
-
-    from ansor import apply
+def time_numpy(wkl: str, threads: int) -> tuple[float, float, str]:
     from ansor.search_task import SearchTask
+    from peak import numpy_gemm_gflops
 
     if not wkl.startswith("matmul-"):
         return float("nan"), 0.0, "no numpy equivalent"
-    task = SearchTask.from_workload(wkl)
-    a, b = apply.random_inputs(task)[:2]
-    runs = []
-    for _ in range(10):
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 0.2:
-            a @ b
-            n += 1
-        runs.append((time.perf_counter() - t0) / n)
-    return task.flop_ct / float(np.median(runs)) / 1e9, 0.0, "a @ b, OpenBLAS"
+    dag = SearchTask.from_workload(wkl).compute_dag
+    (m, k), (_, n) = (dag.buffer_shapes[name] for name in dag.param_names[:2])
+    return numpy_gemm_gflops(m, n, k, threads, seconds=2.0), 0.0, "a @ b, OpenBLAS, in a process of its own"
 
 
 def main() -> int:
@@ -119,7 +110,7 @@ def main() -> int:
 
     rows: list[Row] = []
     for wkl in args.wkl:
-        g, w, note = time_numpy(wkl)
+        g, w, note = time_numpy(wkl, threads)
         rows.append(Row(wkl, 0, "numpy", g, w, note))
         for trials in args.trials:
             contenders = [("ansor", time_ours)] + ([] if args.skip_metaschedule else [("metaschedule",

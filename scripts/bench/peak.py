@@ -13,14 +13,14 @@ Two probes, each run with the benchmark's thread count; the peak is the larger o
    the units idle; too many do not fit the register file and the compiler spills every accumulator to
    the stack once per iteration. 16 ymm accumulators plus ``x`` and ``y`` need 18 registers where AVX2 has
    16 — that naive probe ran at ~116 GFLOPS on a 2-core Zen 3 whose OpenBLAS sgemm reaches ~148.
-2. **sgemm.** numpy's ``a @ b`` (OpenBLAS) on square fp32 matrices, threads set with threadpoolctl (the
-   ``bench`` extra) when it is installed.
+2. **sgemm.** numpy's ``a @ b`` (OpenBLAS) on 2048 x 2048 fp32 matrices, in a fresh process that
+   imports numpy alone (see :func:`numpy_gemm_gflops`), ``OPENBLAS_NUM_THREADS`` = the thread count.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -126,26 +126,43 @@ def fma_gflops(threads: int, seconds: float = 0.3) -> tuple[float, str]:
     return best, config
 
 
-def sgemm_gflops(threads: int, n: int = 2048, repeats: int = 5) -> tuple[float, str]:
-    """numpy's fp32 ``a @ b`` on ``n x n`` matrices: best of ``repeats`` calls."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    a = rng.random((n, n), dtype=np.float32)
-    b = rng.random((n, n), dtype=np.float32)
-    try:
-        from threadpoolctl import threadpool_limits
-        limits, note = threadpool_limits(limits=threads, user_api="blas"), f"{threads} BLAS threads"
-    except ImportError:
-        limits, note = contextlib.nullcontext(), "BLAS threads: numpy's default (threadpoolctl not installed)"
-    with limits:
+_GEMM_SCRIPT = """
+import sys, time
+import numpy as np
+m, n, k, seconds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+rng = np.random.default_rng(0)
+a, b = rng.random((m, k), dtype=np.float32), rng.random((k, n), dtype=np.float32)
+a @ b
+best = float("inf")
+end = time.perf_counter() + seconds
+while True:
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 0.1 or runs == 0:
         a @ b
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best / 1e9, f"n={n}, {note}"
+        runs += 1
+    best = min(best, (time.perf_counter() - start) / runs)
+    if time.perf_counter() > end:
+        break
+print(2 * m * n * k / best / 1e9)
+"""
+
+
+def numpy_gemm_gflops(m: int, n: int, k: int, threads: int, seconds: float = 1.0) -> float:
+    """numpy's fp32 ``(m x k) @ (k x n)`` (OpenBLAS) with ``threads`` threads, best of ~0.1 s repeats.
+
+    Timed in a fresh process that imports numpy alone: in a process that imported TVM, ``tvm_ffi`` has
+    imported torch when it is installed, and from then on OpenBLAS's 2-thread sgemm ran at 11-15 GFLOPS
+    here instead of ~150 (measured: 512^3, the same process, before and after ``import torch``).
+    """
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    out = subprocess.run([sys.executable, "-c", _GEMM_SCRIPT, str(m), str(n), str(k), str(seconds)], env=env,
+                         check=True, capture_output=True, text=True)
+    return float(out.stdout)
+
+
+def sgemm_gflops(threads: int, n: int = 2048) -> tuple[float, str]:
+    """numpy's sgemm on ``n x n`` matrices (see :func:`numpy_gemm_gflops`)."""
+    return numpy_gemm_gflops(n, n, n, threads), f"n={n}, {threads} BLAS threads"
 
 
 def cpu_description() -> str:
