@@ -14,7 +14,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from .errors import AnsorError
 from .loop_state import State
-from .measure.types import MeasureInput, MeasureResult
+from .measure.types import MeasureInput, MeasureResult, program_results
 from .records import Record, load_records
 from .search_task import SearchTask
 from .sketch.policy import SearchParams, SketchPolicy
@@ -72,8 +72,8 @@ class TuneResult:
 def feed_history(task: SearchTask, records: Sequence[Record], policy: SketchPolicy,
                  model: CostModel) -> tuple[float, Optional[State]]:
     """Teach the policy and the model what a log already measured; returns the best (cost, state) in it."""
-    inputs = [MeasureInput(task, task.compute_dag.state_from_steps(r.steps)) for r in records]
-    results = [r.result for r in records]
+    inputs, results = program_results([MeasureInput(task, task.compute_dag.state_from_steps(r.steps))
+                                       for r in records], [r.result for r in records])
     policy.record(inputs, results)
     model.update(inputs, results)
     best_cost, best_state = float("inf"), None
@@ -115,8 +115,8 @@ def auto_schedule(task: SearchTask, options: TuningOptions, measurer: Measurer, 
         inputs = [MeasureInput(task, s) for s in states]
         results = measurer.measure(inputs)
         t2 = time.perf_counter()
-        policy.record(inputs, results)
-        model.update(inputs, results)
+        policy.record(*program_results(inputs, results))  # an infrastructure failure may be proposed again
+        model.update(*program_results(inputs, results))
         t3 = time.perf_counter()
         errors = 0
         for inp, res in zip(inputs, results):

@@ -43,6 +43,7 @@ def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, m
     assert "TVM_NUM_THREADS" not in caplog.text  # the runner's TVM uses the target's 2 cores
     assert len(results) == 16
     assert all(r.ok and len(r.costs) == 3 and all(0 < c < 1 for c in r.costs) for r in results), results
+    assert all(r.checked for r in results)  # compared with the reference
     assert all(r.node == current_node() and r.all_cost > 0 for r in results)
     # Every result reached the callbacks exactly once, as it finished, and the log holds them all.
     assert all(len(i) == len(r) == 1 for i, r in seen)

@@ -1,12 +1,12 @@
 """A simulated two-node cluster (``ray.cluster_utils.Cluster``): builds spread, runners per node, node loss."""
 
-import os
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
 from ansor.measure import ErrorNo, ProgramMeasurer
+from ansor.measure.ray_session import loopback_only
 from ansor.search_task import SearchTask
 
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 100 * 2 ** 20}
@@ -14,16 +14,16 @@ NODE_ARGS = {"num_cpus": 1, "object_store_memory": 100 * 2 ** 20}
 
 @pytest.fixture(scope="module")
 def cluster():
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     assert not ray.is_initialized(), "a Ray connection was left open by an earlier test module"
-    c = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "resources": {"head": 1},
-                                                       "include_dashboard": False})
-    c.add_node(**NODE_ARGS, resources={"worker": 1})
-    c.wait_for_nodes()
-    yield c
-    if ray.is_initialized():
-        ray.shutdown()
-    c.shutdown()
+    with loopback_only():  # a test cluster is no reason to listen on the network
+        c = Cluster(initialize_head=True, head_node_args={**NODE_ARGS, "resources": {"head": 1},
+                                                           "include_dashboard": False})
+        c.add_node(**NODE_ARGS, resources={"worker": 1})
+        c.wait_for_nodes()
+        yield c
+        if ray.is_initialized():
+            ray.shutdown()
+        c.shutdown()
 
 
 def test_builds_spread_and_each_node_times_its_share(cluster, monkeypatch, matmul_inputs):
