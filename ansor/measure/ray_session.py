@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+import psutil
 import ray
 from ray._private import ray_constants
 
@@ -30,6 +31,8 @@ logger = logging.getLogger("ansor")
 
 #: Object store of the embedded instance: builds (~100 KB each) and reference outputs are all it holds.
 DEFAULT_OBJECT_STORE_BYTES = 256 * 2 ** 20
+#: Name prefix of an embedded instance's temp dir; the tuner's pid follows.
+TEMP_PREFIX = "ansor-ray-"
 #: Seconds to wait for a cluster given by address to answer before calling it unreachable.
 CONNECT_TIMEOUT_S = 10.0
 
@@ -160,7 +163,8 @@ class RaySession:
     @staticmethod
     def _start(num_cpus: Optional[int], object_store_memory: int) -> "RaySession":
         """Start the embedded instance: loopback only, its files under a fresh temp dir."""
-        temp_dir = tempfile.mkdtemp(prefix="ansor-ray-")
+        _remove_stale_temp_dirs()
+        temp_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
         # Ray keeps num_cpus idle workers and kills the rest after a second idle. The run phase's CPU hold
         # needs one more worker, so without headroom nearly every batch lost a build worker and the next
         # batch's builds waited ~2-3 s for a fresh process to import TVM.
@@ -221,6 +225,23 @@ class RaySession:
                 self._loopback.restore()
             if self.temp_dir:
                 shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _remove_stale_temp_dirs() -> None:
+    """Remove the temp dirs of embedded instances whose tuner died without cleaning up (``kill -9``).
+
+    Ray's processes share their driver's fate and exit with it; its files stay. A dir is named after the
+    tuner's pid, and is stale once no process with that pid runs (a reused pid only postpones the cleanup).
+    """
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if name.startswith(TEMP_PREFIX) and pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def _check_reachable(address: str) -> None:
