@@ -10,7 +10,7 @@ from tvm import te
 
 from ansor import apply
 from ansor.cost_model import RandomModel
-from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer
+from ansor.measure import ErrorNo, ProgramMeasurer
 from ansor.measure.builder import build_program
 from ansor.measure.check import compare_outputs
 from ansor.measure.runner import RunConfig, Runner

@@ -101,7 +101,8 @@ def build_isolated(build: Callable[[], BuildResult], cap: int, code_on_crash: Er
         msg = cap_message(cap, words)
     else:
         how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
-        msg = f"the compiler crashed ({how}); it died in a fresh worker too" + (f": {words.strip()[-300:]}" if words.strip() else "")
+        last_words = f": {words.strip()[-300:]}" if words.strip() else ""
+        msg = f"the compiler crashed ({how}); it died in a fresh worker too{last_words}"
     return BuildResult(None, int(code_on_crash), msg, time.time() - start, start)
 
 

@@ -131,7 +131,8 @@ def measure_with_fault(name: str, tmp: Path, bad, expect: Optional[str], measure
     if bad is not None:
         got = ErrorNo(results[0].error_no).name
         ok_bad = (results[0].ok if expect is None else got == expect)
-        note = f"faulty candidate: {got} {results[0].error_msg.strip().splitlines()[0][:90] if results[0].error_msg else ''}"
+        first_line = results[0].error_msg.strip().splitlines()[0][:90] if results[0].error_msg.strip() else ""
+        note = f"faulty candidate: {got} {first_line}"
     return Row(name, ok_bad and wasted == 0, len(seen) - logged, wasted, note)
 
 
