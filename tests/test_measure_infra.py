@@ -85,5 +85,5 @@ def test_a_build_past_its_memory_cap_fails_saying_so(local_ray):
         [result] = m.measure([MeasureInput(task, state)])
         healthy = m.measure([MeasureInput(task, task.compute_dag.init_state())])[0]
     assert result.error_no == ErrorNo.COMPILE_HOST, (result.error_no, result.error_msg)
-    assert "build exceeded the 0.8 GiB memory cap" in result.error_msg  # 0.75 GiB, printed to one decimal
+    assert "build exceeded the 0.8 GiB memory cap" in result.error_msg, result.error_msg  # 0.75, one decimal
     assert healthy.ok, healthy.error_msg  # the next build works: the cap cost one candidate

@@ -35,7 +35,7 @@ from ..loop_state import State
 from ..search_task import SearchTask
 from ..target import is_gpu
 from ..transform_steps import Step
-from .memory_cap import apply_cap, build_isolated, default_cap_bytes, oom_result
+from .memory_cap import build_isolated, capped, default_cap_bytes, oom_result
 from .ray_session import current_node, node_alive
 from .shipping import TaskHandle, ship, task_key
 from .types import BuildResult, ErrorNo
@@ -116,10 +116,10 @@ def _build_remote(handle: TaskHandle, steps: Optional[tuple[Step, ...]], memory_
     cap = int(memory_gib * 2 ** 30) if memory_gib else default_cap_bytes()
     task = handle.get()
     if isolated:  # the candidate killed a worker once: find out why, in a child this worker survives
-        result = build_isolated(lambda: build_program(task, steps, cap), cap, _compile_error(task))
+        result = build_isolated(task, steps, cap, _compile_error(task))
     else:
-        apply_cap(cap)
-        result = build_program(task, steps, cap)
+        with capped(cap):
+            result = build_program(task, steps, cap)
     result.node = current_node()
     yield result
 

@@ -1,12 +1,12 @@
 """A memory cap for each build, so one candidate's compilation cannot take the machine.
 
-A build worker limits its own data memory (``RLIMIT_DATA``: heap and private mappings, what LLVM
-allocates; the worker itself uses ~0.5 GB of it for Python, TVM and Ray). A build that reaches the cap
+While it builds, a build worker limits its own data memory (``RLIMIT_DATA``: heap and private mappings,
+what LLVM allocates; the worker itself uses ~0.5 GB of it for Python, TVM and Ray). A build that reaches the cap
 fails to allocate: TVM then raises (``std::bad_alloc``), or LLVM reports ``out of memory`` and aborts,
 which kills the worker. A worker that died is not enough to blame memory, so the builder retries such a
-candidate once in a forked child of a fresh worker (:func:`build_isolated`), where the child's death, its
-last words on stderr and its memory can be watched; only then does the candidate fail, with a message that
-says whether it was the cap (``build exceeded the 9.0 GiB memory cap``) or a compiler crash.
+candidate once in a separate process started by a worker (:func:`build_isolated`), where the process's
+death, its last words on stderr and its memory can be watched; only then does the candidate fail, with a
+message that says whether it was the cap (``build exceeded the 9.0 GiB memory cap``) or a compiler crash.
 
 Default cap: three quarters of the node's memory divided by its CPU count (one build per CPU), at least
 :data:`MIN_CAP_BYTES`; ``ProgramMeasurer(build_memory_gib=...)`` or the scripts' ``--build-memory-gib``
@@ -21,12 +21,19 @@ import pickle
 import resource
 import select
 import signal
+import subprocess
+import sys
 import time
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import psutil
 
 from .types import BuildResult, ErrorNo
+
+if TYPE_CHECKING:
+    from ..search_task import SearchTask
+    from ..transform_steps import Step
 
 #: The smallest default cap: TVM and Ray alone need about half of it.
 MIN_CAP_BYTES = 2 * 2 ** 30
@@ -35,6 +42,7 @@ DEFAULT_SHARE = 0.75
 #: What a failed allocation looks like in TVM's and LLVM's error messages.
 _OOM_WORDS = ("bad_alloc", "out of memory", "cannot allocate memory", "memoryerror")
 _PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def default_cap_bytes() -> int:
@@ -48,11 +56,58 @@ def gib(n_bytes: int) -> str:
 
 
 def apply_cap(cap: int) -> None:
-    """Limit this process's data memory to ``cap`` bytes (raising the limit again is allowed: soft limit)."""
-    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    if hard != resource.RLIM_INFINITY:
-        cap = min(cap, hard)
-    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    """Limit this process's data memory to ``cap`` bytes (soft limits: raising them again is allowed).
+
+    ``RLIMIT_DATA`` alone makes an allocator at the cap crawl: glibc reserves a new arena (address space,
+    not data), fails to make it writable, releases it, and does so again for each small allocation, for
+    minutes. So the address space is limited too, to what it is now plus the data still allowed: the
+    reservation itself then fails and the allocation fails at once.
+    """
+    me = os.getpid()
+    room = max(0, cap - _status_bytes(me, "VmData"))
+    for limit, value in ((resource.RLIMIT_DATA, cap), (resource.RLIMIT_AS, _status_bytes(me, "VmSize") + room)):
+        _, hard = resource.getrlimit(limit)
+        resource.setrlimit(limit, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
+
+
+@contextmanager
+def capped(cap: int) -> Iterator[None]:
+    """Hold this process to ``cap`` bytes of data memory within the block only; crash signals kill it.
+
+    A build that reached the cap leaves its memory with the allocator, not the OS; if the limit stayed,
+    the Ray worker's own threads could no longer allocate the reply. And a crash at the cap (LLVM's
+    ``out of memory`` abort) ran Ray's crash handler, which needs memory to symbolize the stack and spun
+    instead (seen in testing as a 60 s build timeout): within the block those signals take their default
+    action, so the worker dies at once and the builder's isolated retry says why.
+    """
+    limits = {limit: resource.getrlimit(limit) for limit in (resource.RLIMIT_DATA, resource.RLIMIT_AS)}
+    saved = {sig: _sigaction(sig, _SIG_DFL) for sig in _CRASH_SIGNALS}
+    apply_cap(cap)
+    try:
+        yield
+    finally:
+        for limit, values in limits.items():
+            resource.setrlimit(limit, values)
+        for sig, old in saved.items():
+            _sigaction(sig, old)
+
+
+_CRASH_SIGNALS = (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
+#: ``struct sigaction`` with SIG_DFL as its handler and nothing else set. 256 bytes: larger than glibc's
+#: struct on any 64-bit Linux, which is all that is read or written.
+_SIG_DFL = ctypes.create_string_buffer(256)
+
+
+def _sigaction(sig: int, new: ctypes.Array) -> ctypes.Array:
+    """Install the raw ``struct sigaction`` ``new`` for ``sig``; return the previous one, raw.
+
+    Through libc rather than :mod:`signal`: the handlers to save and restore are C handlers (Ray's), which
+    Python's ``signal.getsignal`` cannot hand back.
+    """
+    old = ctypes.create_string_buffer(256)
+    if _LIBC.sigaction(sig, new, old) != 0:
+        raise OSError(ctypes.get_errno(), f"sigaction({sig}) failed")
+    return old
 
 
 def is_out_of_memory(text: str) -> bool:
@@ -66,43 +121,35 @@ def cap_message(cap: int, detail: str = "") -> str:
             f"if this program should build")
 
 
-def build_isolated(build: Callable[[], BuildResult], cap: int, code_on_crash: ErrorNo) -> BuildResult:
-    """Run ``build`` in a forked child under ``cap``; a child that dies becomes a failed result that says why.
+def build_isolated(task: SearchTask, steps: Optional[Sequence[Step]], cap: int,
+                   code_on_crash: ErrorNo) -> BuildResult:
+    """Build in a fresh Python process under ``cap``; a process that dies becomes a failed result saying why.
 
-    The child never touches Ray (it only compiles and writes its result to a pipe) and is killed with its
-    parent, so a build timeout that kills the worker also ends it.
+    A fresh interpreter (``python -m ansor.measure.memory_cap``, ~2 s to import TVM), not a fork of the
+    worker: a forked Ray worker inherits Ray's threads' locks and its crash handlers, which hung or took the
+    worker down with the child in testing. The child never touches Ray and is killed with its parent, so a
+    build timeout that kills the worker also ends it.
     """
     start = time.time()
-    result_r, result_w = os.pipe()
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: compile, send the result, exit without running any of the parent's cleanup
-        status = 1
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            os.close(result_r)
-            os.close(err_r)
-            os.dup2(err_w, 2)  # LLVM's "out of memory" goes to stderr just before it aborts
-            apply_cap(cap)
-            data = pickle.dumps(build())
-            with os.fdopen(result_w, "wb") as out:
-                out.write(data)
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(result_w)
-    os.close(err_w)
-    data, stderr, peak = _collect(pid, result_r, err_r)
-    _, status = os.waitpid(pid, 0)
-    if data and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    try:
+        proc.stdin.write(pickle.dumps((task, None if steps is None else tuple(steps), cap)))
+        proc.stdin.close()
+    except BrokenPipeError:  # it died before reading: reported below from its exit status
+        pass
+    data, stderr, peak = _collect(proc.pid, proc.stdout.fileno(), proc.stderr.fileno())
+    status = proc.wait()
+    if data and status == 0:
         return pickle.loads(data)
     words = stderr.decode(errors="replace")
     if is_out_of_memory(words) or peak >= 0.9 * cap:
         msg = cap_message(cap, words)
     else:
-        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+        how = f"signal {-status}" if status < 0 else f"exit status {status}"
         last_words = f": {words.strip()[-300:]}" if words.strip() else ""
-        msg = f"the compiler crashed ({how}); it died in a fresh worker too{last_words}"
+        msg = f"the compiler crashed ({how}); it died outside the worker too{last_words}"
     return BuildResult(None, int(code_on_crash), msg, time.time() - start, start)
 
 
@@ -118,18 +165,17 @@ def _collect(pid: int, result_fd: int, err_fd: int) -> tuple[bytes, bytes, int]:
             if block:
                 chunks[fd].append(block)
             else:
-                os.close(fd)
                 open_fds.remove(fd)
-        peak = max(peak, _data_bytes(pid))
+        peak = max(peak, _status_bytes(pid, "VmData"))
     return b"".join(chunks[result_fd]), b"".join(chunks[err_fd])[-4000:], peak
 
 
-def _data_bytes(pid: int) -> int:
-    """``VmData`` of a process in bytes (0 once it is gone)."""
+def _status_bytes(pid: int, field: str) -> int:
+    """A ``kB`` field of ``/proc/<pid>/status`` (``VmData``, ``VmSize``) in bytes; 0 once the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
-                if line.startswith("VmData:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -141,3 +187,17 @@ def oom_result(cap: Optional[int], err_text: str, start: float, code: ErrorNo) -
     if cap is None or not is_out_of_memory(err_text):
         return None
     return BuildResult(None, int(code), cap_message(cap, err_text), time.time() - start, start)
+
+
+def _child_main() -> None:
+    """The isolated build: read (task, steps, cap) from stdin, build under the cap, pickle the result out."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the worker
+    task, steps, cap = pickle.loads(sys.stdin.buffer.read())
+    from .builder import build_program  # TVM, imported before the cap applies (as in a worker)
+    apply_cap(cap)
+    result = build_program(task, steps, cap)
+    sys.stdout.buffer.write(pickle.dumps(result))
+
+
+if __name__ == "__main__":
+    _child_main()
