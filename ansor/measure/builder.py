@@ -35,7 +35,7 @@ from ..loop_state import State
 from ..search_task import SearchTask
 from ..target import is_gpu
 from ..transform_steps import Step
-from .memory_cap import build_isolated, capped, default_cap_bytes, oom_result
+from .memory_cap import IsolatedBuild, capped, default_cap_bytes, oom_result
 from .ray_session import current_node, node_alive
 from .shipping import TaskHandle, ship, task_key
 from .types import BuildResult, ErrorNo
@@ -112,12 +112,15 @@ def _build_remote(handle: TaskHandle, steps: Optional[tuple[Step, ...]], memory_
                   isolated: bool):
     # First item: the build has started, and where. The timeout counts from here, so a cold worker's start-up
     # and TVM import (seconds on a loaded machine) are not charged to the candidate.
-    yield time.time(), current_node()
     cap = int(memory_gib * 2 ** 30) if memory_gib else default_cap_bytes()
-    task = handle.get()
-    if isolated:  # the candidate killed a worker once: find out why, in a child this worker survives
-        result = build_isolated(task, steps, cap, _compile_error(task))
+    if isolated:  # the candidate killed a worker once: find out why, in a process this worker survives
+        task = handle.get()
+        child = IsolatedBuild(task, steps, cap)  # returns once the process has imported TVM
+        yield time.time(), current_node()
+        result = child.result(_compile_error(task))
     else:
+        yield time.time(), current_node()
+        task = handle.get()
         with capped(cap):
             result = build_program(task, steps, cap)
     result.node = current_node()

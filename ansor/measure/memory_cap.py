@@ -4,7 +4,7 @@ While it builds, a build worker limits its own data memory (``RLIMIT_DATA``: hea
 what LLVM allocates; the worker itself uses ~0.5 GB of it for Python, TVM and Ray). A build that reaches the cap
 fails to allocate: TVM then raises (``std::bad_alloc``), or LLVM reports ``out of memory`` and aborts,
 which kills the worker. A worker that died is not enough to blame memory, so the builder retries such a
-candidate once in a separate process started by a worker (:func:`build_isolated`), where the process's
+candidate once in a separate process started by a worker (:class:`IsolatedBuild`), where the process's
 death, its last words on stderr and its memory can be watched; only then does the candidate fail, with a
 message that says whether it was the cap (``build exceeded the 9.0 GiB memory cap``) or a compiler crash.
 
@@ -43,6 +43,8 @@ DEFAULT_SHARE = 0.75
 _OOM_WORDS = ("bad_alloc", "out of memory", "cannot allocate memory", "memoryerror")
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
+#: What an isolated build's process writes once it has imported TVM, before its pickled result.
+_READY = b"R"
 
 
 def default_cap_bytes() -> int:
@@ -121,36 +123,43 @@ def cap_message(cap: int, detail: str = "") -> str:
             f"if this program should build")
 
 
-def build_isolated(task: SearchTask, steps: Optional[Sequence[Step]], cap: int,
-                   code_on_crash: ErrorNo) -> BuildResult:
-    """Build in a fresh Python process under ``cap``; a process that dies becomes a failed result saying why.
+class IsolatedBuild:
+    """A build in a fresh Python process under ``cap``; a process that dies becomes a result saying why.
 
-    A fresh interpreter (``python -m ansor.measure.memory_cap``, ~2 s to import TVM), not a fork of the
-    worker: a forked Ray worker inherits Ray's threads' locks and its crash handlers, which hung or took the
-    worker down with the child in testing. The child never touches Ray and is killed with its parent, so a
-    build timeout that kills the worker also ends it.
+    A fresh interpreter (``python -m ansor.measure.memory_cap``), not a fork of the worker: a forked Ray
+    worker inherits Ray's threads' locks and its crash handlers, which hung or took the worker down with the
+    child in testing. Creating one returns once the process has imported TVM (seconds), so the build
+    timeout can start after that. The process never touches Ray and is killed with its parent, so a build
+    timeout that kills the worker also ends it.
     """
-    start = time.time()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
-    try:
-        proc.stdin.write(pickle.dumps((task, None if steps is None else tuple(steps), cap)))
-        proc.stdin.close()
-    except BrokenPipeError:  # it died before reading: reported below from its exit status
-        pass
-    data, stderr, peak = _collect(proc.pid, proc.stdout.fileno(), proc.stderr.fileno())
-    status = proc.wait()
-    if data and status == 0:
-        return pickle.loads(data)
-    words = stderr.decode(errors="replace")
-    if is_out_of_memory(words) or peak >= 0.9 * cap:
-        msg = cap_message(cap, words)
-    else:
-        how = f"signal {-status}" if status < 0 else f"exit status {status}"
-        last_words = f": {words.strip()[-300:]}" if words.strip() else ""
-        msg = f"the compiler crashed ({how}); it died outside the worker too{last_words}"
-    return BuildResult(None, int(code_on_crash), msg, time.time() - start, start)
+
+    def __init__(self, task: SearchTask, steps: Optional[Sequence[Step]], cap: int):
+        self.cap = cap
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        try:
+            self._proc.stdin.write(pickle.dumps((task, None if steps is None else tuple(steps), cap)))
+            self._proc.stdin.close()
+        except BrokenPipeError:  # it died before reading: reported by result() from its exit status
+            pass
+        os.read(self._proc.stdout.fileno(), len(_READY))  # TVM imported (or, if empty, the process died)
+
+    def result(self, code_on_crash: ErrorNo) -> BuildResult:
+        """Wait for the build; its result, or why the process died (the cap, or a crash)."""
+        start = time.time()
+        data, stderr, peak = _collect(self._proc.pid, self._proc.stdout.fileno(), self._proc.stderr.fileno())
+        status = self._proc.wait()
+        if data and status == 0:
+            return pickle.loads(data)
+        words = stderr.decode(errors="replace")
+        if is_out_of_memory(words) or peak >= 0.9 * self.cap:
+            msg = cap_message(self.cap, words)
+        else:
+            how = f"signal {-status}" if status < 0 else f"exit status {status}"
+            last_words = f": {words.strip()[-300:]}" if words.strip() else ""
+            msg = f"the compiler crashed ({how}); it died outside the worker too{last_words}"
+        return BuildResult(None, int(code_on_crash), msg, time.time() - start, start)
 
 
 def _collect(pid: int, result_fd: int, err_fd: int) -> tuple[bytes, bytes, int]:
@@ -194,6 +203,8 @@ def _child_main() -> None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the worker
     task, steps, cap = pickle.loads(sys.stdin.buffer.read())
     from .builder import build_program  # TVM, imported before the cap applies (as in a worker)
+    sys.stdout.buffer.write(_READY)
+    sys.stdout.buffer.flush()
     apply_cap(cap)
     result = build_program(task, steps, cap)
     sys.stdout.buffer.write(pickle.dumps(result))

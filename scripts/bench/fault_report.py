@@ -133,6 +133,9 @@ def measure_with_fault(name: str, tmp: Path, bad, expect: Optional[str], measure
         ok_bad = (results[0].ok if expect is None else got == expect)
         first_line = results[0].error_msg.strip().splitlines()[0][:90] if results[0].error_msg.strip() else ""
         note = f"faulty candidate: {got} {first_line}"
+    failed = [r for r in good if not r.ok]
+    if failed:
+        note += f" healthy candidate failed: {ErrorNo(failed[0].error_no).name} {failed[0].error_msg[:150]}"
     return Row(name, ok_bad and wasted == 0, len(seen) - logged, wasted, note)
 
 
@@ -175,13 +178,13 @@ def _measurer_faults(tmp: Path) -> list[Row]:
                              {**fast, "slow_factor": float("inf")},
                              during=_kill_first_build(killed))
     row.survived = row.survived and bool(killed)
-    row.note = f"killed {len(killed)} build worker(s)"
+    row.note = f"killed {len(killed)} build worker(s){row.note}"
     rows.append(row)
     killed = []
     row = measure_with_fault("killed runner", tmp, None, None, {**fast, "slow_factor": float("inf")},
                              during=kill_process_titled("ray::Runner.run", killed))
     row.survived = row.survived and bool(killed)
-    row.note = f"killed {len(killed)} runner(s) mid-run"
+    row.note = f"killed {len(killed)} runner(s) mid-run{row.note}"
     rows.append(row)
     return rows
 
