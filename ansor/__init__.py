@@ -7,22 +7,36 @@ The workflow in one call each (see docs/tutorial.md)::
     ansor.relax.tune_relax(mod, params, target, "net.json", 1000)      # any Relax model
     exe = ansor.relax.compile_relax(mod, params, "net.json", target)   # -> a Relax VM executable
 
-``ansor.relax`` and ``ansor.networks`` are imported on first use (they load TVM's Relax frontends).
+The names below are imported on first use: importing the package (what every script does first, for its
+error handling) must not load TVM, so a Ctrl-C or a bad flag during start-up is handled like any other.
 """
 
 from importlib import import_module
 from typing import Any
 
-from .compute_dag import ComputeDAG
-from .database import Database
 from .errors import AnsorError, RecordError, StepError, TargetError, WorkloadError
-from .loop_state import Iterator, Stage, State
-from .records import RecordWriter, best_records, distill, load_records, save_records
-from .search_task import SearchTask
-from .tuning import (
-    BuilderOptions, RunnerOptions, TuneResult, TuningOptions, auto_schedule, ray_session, tune, tune_task,
-)
 
+_LAZY = {
+    "ComputeDAG": ".compute_dag",
+    "Database": ".database",
+    "Iterator": ".loop_state",
+    "Stage": ".loop_state",
+    "State": ".loop_state",
+    "RecordWriter": ".records",
+    "best_records": ".records",
+    "distill": ".records",
+    "load_records": ".records",
+    "save_records": ".records",
+    "SearchTask": ".search_task",
+    "BuilderOptions": ".tuning",
+    "RunnerOptions": ".tuning",
+    "TuneResult": ".tuning",
+    "TuningOptions": ".tuning",
+    "auto_schedule": ".tuning",
+    "ray_session": ".tuning",
+    "tune": ".tuning",
+    "tune_task": ".tuning",
+}
 _SUBMODULES = ("relax", "networks")
 
 __all__ = ["AnsorError", "BuilderOptions", "ComputeDAG", "Database", "Iterator", "RecordError", "RecordWriter",
@@ -34,4 +48,6 @@ __all__ = ["AnsorError", "BuilderOptions", "ComputeDAG", "Database", "Iterator",
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return import_module(f".{name}", __name__)
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

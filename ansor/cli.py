@@ -4,7 +4,8 @@
 They hold the conventions every script follows:
 
 * bad input raises :class:`~ansor.errors.AnsorError`; :func:`run_main` turns it into one line
-  ``error: ...`` on stderr and exit status 2, and Ctrl-C into a short message and exit status 130;
+  ``error: ...`` on stderr and exit status 2 (1 for an error that is not the input's, such as Ray dying
+  mid-run: the exception's ``exit_code``), and Ctrl-C into a short message and exit status 130;
 * ``TVM_NUM_THREADS`` is set from the target's core count before the first kernel runs in the process
   (:func:`set_tvm_threads`);
 * tuning goes through the library's API with its default measurement (:func:`tuning_options` turns the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -54,7 +56,7 @@ def run_main(run: Callable[[argparse.Namespace], int], args: argparse.Namespace,
         return run(args)
     except AnsorError as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return getattr(err, "exit_code", EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         message = interrupted() if interrupted else "interrupted"
         print(f"\n{message}", file=sys.stderr)
@@ -66,10 +68,20 @@ def one_line(text: str) -> str:
     return " ".join(part.strip() for part in text.strip().splitlines() if part.strip()) or "unknown error"
 
 
-def check_positive(flag: str, value: Optional[int], example: str) -> None:
-    """Raise a one-line :class:`AnsorError` unless ``value`` (when given) is at least 1."""
-    if value is not None and value <= 0:
+def check_positive(flag: str, value: Optional[float], example: str) -> None:
+    """Raise a one-line :class:`AnsorError` unless ``value`` (when given) is positive."""
+    if value is not None and not (value > 0 and math.isfinite(value)):
         raise AnsorError(f"{flag} must be a positive number, got {value} (example: {flag} {example})")
+
+
+#: Seeds go to Python's and NumPy's generators and to XGBoost, whose seed is a 32-bit integer.
+MAX_SEED = 2 ** 31 - 1
+
+
+def check_seed(seed: int) -> None:
+    """Raise a one-line :class:`AnsorError` unless ``--seed`` is in 0..MAX_SEED."""
+    if not 0 <= seed <= MAX_SEED:
+        raise AnsorError(f"--seed must be an integer from 0 to {MAX_SEED}, got {seed} (example: --seed 0)")
 
 
 # --------------------------------------------------------------------------------------------- targets
@@ -148,9 +160,11 @@ def tuning_options(args: argparse.Namespace, callbacks: Sequence = ()):
     if args.load_model:
         from .cost_model import load_model
         model = load_model(args.load_model)
+    from .tuning import BuilderOptions
     return TuningOptions(num_measure_trials=args.n_trials, num_measures_per_round=args.per_round,
                          early_stopping=getattr(args, "early_stopping", None), seed=args.seed,
-                         measure_callbacks=list(callbacks), ray_address=args.ray_address, cost_model=model)
+                         measure_callbacks=list(callbacks), ray_address=args.ray_address, cost_model=model,
+                         builder=BuilderOptions(memory_gib=getattr(args, "build_memory_gib", None)))
 
 
 def open_database(path: Optional[str]):

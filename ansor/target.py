@@ -56,6 +56,12 @@ def parse_target(text: Union[str, dict, tvm.target.Target, None]) -> tvm.target.
     if kind == "llvm":
         config.setdefault("mcpu", tvm.target.codegen.llvm_get_system_cpu())
         config.setdefault("num-cores", physical_cores())
+        _check_mcpu(text, config)
+    if "num-cores" in config:
+        cores = config["num-cores"]
+        if type(cores) is not int or cores < 1:
+            raise TargetError(f"bad target {text!r}: num-cores must be a positive integer, got {cores!r}; "
+                              f"examples: {', '.join(TARGET_EXAMPLES)}")
     try:
         return tvm.target.Target(config)
     except Exception as err:  # TVM raises ValueError/RuntimeError with a long trace
@@ -63,8 +69,20 @@ def parse_target(text: Union[str, dict, tvm.target.Target, None]) -> tvm.target.
         raise TargetError(f"bad target {text!r}: {reason}; examples: {', '.join(TARGET_EXAMPLES)}") from None
 
 
+def _check_mcpu(text: Any, config: dict[str, Any]) -> None:
+    """LLVM only warns about an unknown CPU (and compiles for a generic one): make it an error."""
+    cpu, triple = config["mcpu"], config.get("mtriple") or tvm.target.codegen.llvm_get_system_triple()
+    if not isinstance(cpu, str) or not tvm.target.codegen.llvm_is_valid_cpu(cpu, triple):
+        valid = tvm.target.codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm", "mtriple": triple}))
+        raise TargetError(f"bad target {text!r}: LLVM does not know the CPU {cpu!r} for {triple}; "
+                          f"valid -mcpu values: {', '.join(sorted(set(map(str, valid))))}")
+
+
 def _parse_cli(text: str) -> dict[str, Any]:
-    words = shlex.split(text)
+    try:
+        words = shlex.split(text)
+    except ValueError as err:  # an unclosed quote
+        raise TargetError(f"bad target {text!r}: {err}; examples: {', '.join(TARGET_EXAMPLES)}") from None
     if not words or words[0].startswith("-"):
         raise TargetError(f"bad target {text!r}: it must start with a kind (llvm, cuda); "
                           f"examples: {', '.join(TARGET_EXAMPLES)}")

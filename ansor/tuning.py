@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, U
 
 from .errors import AnsorError, StepError
 from .loop_state import State
-from .measure.types import MeasureInput, MeasureResult
+from .measure.types import MeasureInput, MeasureResult, program_results
 from .records import (
     Record, RecordWriter, best_records, distinct_records, load_records, other_targets_message,
 )
@@ -68,9 +68,11 @@ class RunnerOptions:
 
 @dataclass(frozen=True)
 class BuilderOptions:
-    """How candidates are compiled: each build is a Ray task killed after ``timeout`` s (``None``: 15 s)."""
+    """How candidates are compiled: each build is a Ray task killed after ``timeout`` s (``None``: 15 s),
+    under a memory cap of ``memory_gib`` GiB (``None``: 3/4 of the node's memory over its CPUs, >= 2 GiB)."""
 
     timeout: Optional[float] = None
+    memory_gib: Optional[float] = None
 
 
 @dataclass
@@ -136,7 +138,8 @@ def make_measurer(options: TuningOptions, callbacks: Sequence[MeasureCallback] =
     """
     from .measure.measurer import ProgramMeasurer
     run, build = options.runner, options.builder
-    optional = {"build_timeout": build.timeout, "run_timeout": run.timeout, "slow_factor": run.slow_factor}
+    optional = {"build_timeout": build.timeout, "build_memory_gib": build.memory_gib, "run_timeout": run.timeout,
+                "slow_factor": run.slow_factor}
     return ProgramMeasurer(options.ray_address, callbacks=[*callbacks, *options.measure_callbacks],
                            number=run.number, repeat=run.repeat, min_repeat_ms=run.min_repeat_ms,
                            enable_cpu_cache_flush=run.enable_cpu_cache_flush,
@@ -232,6 +235,7 @@ def feed_history(task: SearchTask, records: Sequence[Record], policy: SketchPoli
     if unfit:
         logger.warning("%d records of %s do not fit its program and were not resumed (first: %s)", len(unfit),
                        task.workload_key, unfit[0])
+    inputs, results = program_results(inputs, results)  # infrastructure failures are no one's program
     policy.record(inputs, results)
     model.update(inputs, results)
     best_cost, best_state = float("inf"), None
@@ -294,8 +298,8 @@ def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, mea
             inputs = [MeasureInput(task, s) for s in states]
             results = measurer.measure(inputs)
             t2 = time.perf_counter()
-            policy.record(inputs, results)
-            model.update(inputs, results)
+            policy.record(*program_results(inputs, results))  # an infrastructure failure may be proposed again
+            model.update(*program_results(inputs, results))
             t3 = time.perf_counter()
             errors = 0
             for inp, res in zip(inputs, results):

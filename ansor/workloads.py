@@ -563,20 +563,32 @@ _BUILTIN = _builtin_table()
 _USER: dict[str, Workload] = {}
 
 
+#: Elements of one buffer of a parametrised workload: TVM indexes buffers with 32-bit integers.
+_MAX_ELEMENTS = 2 ** 31 - 1
+
+
 def _from_pattern(name: str) -> Workload | None:
     match = _MATMUL_RE.fullmatch(name)
     if match:
         relu, m, n, k = match.groups()
         m = int(m)
         n, k = (int(n), int(k)) if n else (m, m)
+        _check_elements(name, m * k, k * n, m * n)
         prefix = "matmul-relu-" if relu else "matmul-"
         canonical = prefix + (f"{m}" if m == n == k else f"{m}x{n}x{k}")
         return _matmul_workload(canonical, m, n, k, relu=bool(relu))
     match = _SOFTMAX_RE.fullmatch(name)
     if match:
         m, n = int(match.group(1)), int(match.group(2))
+        _check_elements(name, m * n)
         return _softmax_workload(f"softmax-{m}x{n}", m, n)
     return None
+
+
+def _check_elements(name: str, *buffer_sizes: int) -> None:
+    if max(buffer_sizes) > _MAX_ELEMENTS:
+        raise WorkloadError(f"workload {name!r} is too large: a buffer would have {max(buffer_sizes)} elements, "
+                            f"more than TVM's 32-bit index range ({_MAX_ELEMENTS}); example: matmul-4096")
 
 
 def _builtin(name: str) -> Workload | None:

@@ -86,18 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     ansor_logger = logging.getLogger("ansor")
     if not args.verbose:
         ansor_logger.addFilter(limiter)
-    from ansor.errors import AnsorError
+    from ansor.cli import run_main
 
     try:
-        return run(args)
-    except AnsorError as err:
-        error = f"error: {err}"
+        return run_main(run, args)
     finally:
         ansor_logger.removeFilter(limiter)
         for line in limiter.summary():
             print(line, file=sys.stderr)
-    print(error, file=sys.stderr)
-    return 2
 
 
 def run(args: argparse.Namespace) -> int:

@@ -75,7 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="search and scheduler seed (default 0)")
     parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
                         help="join this Ray cluster instead of starting a local one (default: $RAY_ADDRESS, "
-                             "else local)")
+                             "else a local Ray listening on 127.0.0.1 only). Joining trusts the cluster: "
+                             "candidates and their inputs go to its nodes, and anyone who can reach its ports "
+                             "can run code as its user unless it was started with token authentication")
+    parser.add_argument("--build-memory-gib", type=float, default=None, metavar="G",
+                        help="memory cap of each build worker in GiB; a build that needs more fails "
+                             "(default: 3/4 of a node's memory / its CPUs, at least 2)")
     parser.add_argument("--repeat", type=int, default=10,
                         help="timing repeats (each at least 200 ms) of the final end-to-end measurement "
                              "(default 10)")
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, state: dict) -> int:
     from ansor.cli import (
-        check_log_file, check_positive, load_network, log_name, open_database, parse_target_and_threads,
+        check_log_file, check_positive, check_seed, load_network, log_name, open_database, parse_target_and_threads,
     )
 
     check_positive("--n-trials", args.n_trials, "64")
@@ -112,6 +117,8 @@ def run(args: argparse.Namespace, state: dict) -> int:
         from ansor.errors import AnsorError
         raise AnsorError(f"--minutes must be a positive number of minutes, got {args.minutes} "
                          "(example: --minutes 10)")
+    check_positive("--build-memory-gib", args.build_memory_gib, "8")
+    check_seed(args.seed)
     target = parse_target_and_threads(args.target, args.ray_address)  # sets TVM_NUM_THREADS first
     net = load_network(args.network, args.onnx, args.batch_size)
     database = open_database(args.database)
@@ -179,6 +186,12 @@ def tune(args: argparse.Namespace, extraction, log_file: Path, database, table: 
     print(f"tuning: {result.total_measured} new trials ({table.resumed} resumed, {table.errors} failed, "
           f"{len(result.reused)} tasks from the database) in {time.time() - table.t0:.1f} s; log: {log_file}",
           file=sys.stderr)
+    if table.unchecked:
+        print(f"note: {table.unchecked} measurements ran without a correctness check (their task's reference "
+              "program failed; marked unchecked in the log)", file=sys.stderr)
+    if table.infra:
+        print(f"note: {table.infra} measurements failed for infrastructure reasons (INFRA_ERROR; measured again "
+              "after --resume)", file=sys.stderr)
 
 
 def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], table: "TaskTable") -> int:
@@ -248,6 +261,7 @@ class TaskTable:
         self.trials = [0] * len(self.tasks)
         self.best = [float("inf")] * len(self.tasks)  # seconds
         self.used = self.resumed = self.errors = self.rounds = 0
+        self.unchecked = self.infra = 0  # of this run's measurements (see MeasureResult.checked, .retriable)
         self.stream = stream or sys.stderr
         # Redraw in place only on a terminal tall enough for the whole table.
         self.tty = self.stream.isatty() and len(self.tasks) + 6 < shutil.get_terminal_size((100, 24)).lines
@@ -280,6 +294,8 @@ class TaskTable:
             i = self.index.get(inp.task.workload_key)
             if i is not None:
                 self._add(i, res)
+            self.unchecked += not res.checked
+            self.infra += res.retriable
         if self.tty and self._live:
             self._draw()
 

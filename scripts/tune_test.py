@@ -14,7 +14,6 @@ Every measurement is appended to the log as soon as it finishes; after a crash o
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -43,39 +42,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
                         help="join this Ray cluster instead of starting a local one (default: $RAY_ADDRESS, "
-                             "else local)")
+                             "else a local Ray listening on 127.0.0.1 only). Joining trusts the cluster: "
+                             "candidates and their inputs go to its nodes, and anyone who can reach its ports "
+                             "can run code as its user unless it was started with token authentication")
     parser.add_argument("--cost-model", choices=("xgb", "random"), default="xgb",
                         help="cost model that ranks candidates (default xgb)")
     parser.add_argument("--load-model", default=None,
                         help="start from a cost model saved by scripts/train_cost_model.py")
     parser.add_argument("--per-round", type=int, default=16,
                         help="candidates measured per search round (default 16)")
+    parser.add_argument("--build-memory-gib", type=float, default=None, metavar="G",
+                        help="memory cap of each build worker in GiB; a build that needs more fails "
+                             "(default: 3/4 of a node's memory / its CPUs, at least 2)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log search details")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(message)s")
-    from ansor.errors import AnsorError
+    from ansor.cli import run_main, setup_logging
 
-    try:
-        return run(args)
-    except AnsorError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    setup_logging(args.verbose)
+    state: dict = {}
+
+    def interrupted() -> str:
+        log = state.get("log_file")
+        if log is None:
+            return "interrupted"
+        return f"interrupted: finished measurements are in {log}; rerun with --resume"
+
+    return run_main(lambda a: run(a, state), args, interrupted)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ansor.cli import check_log_file, open_database, parse_target_and_threads, tuning_options
-    from ansor.errors import AnsorError
+def run(args: argparse.Namespace, state: dict) -> int:
+    from ansor.cli import (EXIT_FAILED, check_log_file, check_positive, check_seed, open_database,
+                           parse_target_and_threads, tuning_options)
 
-    if args.n_trials <= 0:
-        raise AnsorError(f"--n-trials must be a positive number of trials, got {args.n_trials} "
-                         "(example: --n-trials 64)")
-    if args.per_round <= 0:
-        raise AnsorError(f"--per-round must be positive, got {args.per_round} (example: --per-round 16)")
+    check_positive("--n-trials", args.n_trials, "64")
+    check_positive("--per-round", args.per_round, "16")
+    check_seed(args.seed)
+    check_positive("--build-memory-gib", args.build_memory_gib, "8")
     # TVM sizes its thread pool once, from TVM_NUM_THREADS: set it before any kernel runs in this process.
     target = parse_target_and_threads(args.target, args.ray_address)
 
@@ -91,8 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from ansor.measure.types import MeasureInput, MeasureResult
     from tqdm import tqdm
 
-    bar = tqdm(total=args.n_trials, unit="trial", desc=task.workload_key, dynamic_ncols=True)
-    stats = {"best": float("inf"), "errors": 0}
+    stats = {"best": float("inf"), "errors": 0, "unchecked": 0, "infra": 0}
 
     def progress(inputs: list[MeasureInput], results: list[MeasureResult]) -> None:
         for res in results:
@@ -100,47 +105,70 @@ def run(args: argparse.Namespace) -> int:
                 stats["best"] = min(stats["best"], res.mean_cost)
             else:
                 stats["errors"] += 1
+            stats["unchecked"] += not res.checked
+            stats["infra"] += res.retriable
         best = task.flop_ct / stats["best"] / 1e9 if stats["best"] < float("inf") else 0.0
         bar.set_postfix_str(f"best {best:.1f} GFLOPS, errors {stats['errors']}")
         bar.update(len(results))
 
     t0 = time.time()
+    state["log_file"] = log_file
     # The library's log writer, then the progress bar, see each candidate the moment it finishes.
-    try:
+    with tqdm(total=args.n_trials, unit="trial", desc=task.workload_key, dynamic_ncols=True) as bar:
         result = tune_task(task, tuning_options(args, [progress]), log_file, database=database,
                            resume=args.resume, on_resume=lambda n: bar.update(min(n, args.n_trials)))
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"\ninterrupted: finished measurements are in {log_file}; rerun with --resume", file=sys.stderr)
-        return 130
-    bar.close()
+    state.pop("log_file")
     wall = time.time() - t0
+    for count, what in ((stats["unchecked"], "ran without a correctness check (the reference program failed; "
+                                             "marked unchecked in the log)"),
+                        (stats["infra"], "failed for infrastructure reasons (INFRA_ERROR; measured again after "
+                                         "--resume)")):
+        if count:
+            print(f"note: {count} of this run's measurements {what}", file=sys.stderr)
     if result.best_state is None:
         print(f"no valid program found in {result.trials} trials (see {log_file})", file=sys.stderr)
-        return 1
-    report_best(task, result.best_state)
+        return EXIT_FAILED
+    status = report_best(task, result.best_state, result.best_cost)
     print(f"Tuning: {result.trials} trials ({result.resumed} resumed) in {wall:.1f} s; log: {log_file}")
-    return 0
+    return status
 
 
-def report_best(task, state) -> None:
-    """Print the best program's TIR, then time it afresh with the target's threads and check it."""
-    import numpy as np
+def report_best(task, state, tuned_cost: float) -> int:
+    """Print the best program's TIR, then time it afresh with the target's threads and check it.
+
+    A GPU program is re-timed on this machine's GPU; without one, the cost measured while tuning (on the
+    cluster's GPU) is reported instead. Returns the exit status: 1 if the program is wrong.
+    """
+    import tvm
 
     from ansor import apply
+    from ansor.cli import EXIT_FAILED
+    from ansor.measure.check import compare_outputs
+    from ansor.target import is_gpu
     from ansor.workloads import get_workload
 
     print("=" * 20, "Lowered TIR", "=" * 20)
     print(apply.schedule(task, state)["main"].script())
     print("=" * 20, "Evaluate", "=" * 20)
+    device = tvm.cuda(0) if is_gpu(task.target) else tvm.cpu()
+    if not device.exist:
+        print(f"Best program: {task.flop_ct / tuned_cost / 1e9:.2f} GFLOPS  cost: {tuned_cost * 1e3:.3f} ms  "
+              f"(as measured while tuning; not re-timed: this machine has no {task.target.kind.name.upper()} "
+              "device)")
+        return 0
     module = apply.build(task, state)
     args = apply.random_inputs(task, seed=1)
-    got = apply.run(task, module, args)
+    got = apply.run(task, module, args, device=device)
     expected = get_workload(task.workload_key).reference(args[: len(args) - 1])
-    np.testing.assert_allclose(got[-1], expected[-1], rtol=1e-3, atol=1e-3)
-    cost = apply.time_module(task, module, args)
+    mismatch = compare_outputs(got[-1:], expected[-1:])
+    if mismatch:
+        print(f"error: the best program's output differs from numpy's: {mismatch}", file=sys.stderr)
+        return EXIT_FAILED
+    cost = apply.time_module(task, module, args, device=device)
+    threads = "" if is_gpu(task.target) else f"; TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}"
     print(f"Best program: {task.flop_ct / cost / 1e9:.2f} GFLOPS  cost: {cost * 1e3:.3f} ms  "
-          f"(checked against numpy; TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')})")
+          f"(checked against numpy{threads})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import os
 import re
 import time
 
+import psutil
 import pytest
 import ray
 
@@ -43,6 +44,7 @@ def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, m
     assert "TVM_NUM_THREADS" not in caplog.text  # the runner's TVM uses the target's 2 cores
     assert len(results) == 16
     assert all(r.ok and len(r.costs) == 3 and all(0 < c < 1 for c in r.costs) for r in results), results
+    assert all(r.checked for r in results)  # compared with the reference
     assert all(r.node == current_node() and r.all_cost > 0 for r in results)
     # Every result reached the callbacks exactly once, as it finished, and the log holds them all.
     assert all(len(i) == len(r) == 1 for i, r in seen)
@@ -79,6 +81,17 @@ def test_a_far_slower_candidate_is_timed_by_one_run(local_ray, matmul128):
         assert slow.mean_cost > 5 * quick.mean_cost
     with ProgramMeasurer(min_repeat_ms=10, slow_factor=float("inf")) as m:
         assert [len(r.costs) for r in m.measure([fast, naive])] == [3, 3]
+
+
+def test_the_local_ray_listens_on_loopback_only(local_ray, matmul128, matmul_inputs):
+    """In this process ``ray`` was imported long before the session started, with Ray's variables unset."""
+    with ProgramMeasurer(min_repeat_ms=5) as m:
+        m.measure(matmul_inputs(matmul128, 2))  # build workers and a runner are up
+        listening = [(p.name(), c.laddr.ip) for p in psutil.Process().children(recursive=True)
+                     for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert {"gcs_server", "raylet"} <= {name for name, _ in listening}, listening
+    exposed = [(name, ip) for name, ip in listening if ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
+    assert not exposed, exposed
 
 
 def test_build_errors_keep_input_order_and_cost_max(local_ray, matmul128, matmul_inputs):

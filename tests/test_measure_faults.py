@@ -4,12 +4,14 @@ No mocks and no test hooks: every fault is a real program that goes through the 
 - build hang: a 2^20-iteration loop marked ``unroll`` (a legal state). TVM really tries to unroll it and
   compiles for minutes; the builder's worker is really killed at the build timeout.
 - endless kernel: a reduction over 2^48 iterations (days of work), so the runner really hangs and is killed.
-- crash: a kernel that calls ``abort()`` through ``T.call_extern``; the runner process really dies (SIGABRT).
+- crash: a kernel that calls ``abort()`` through ``T.call_extern``; the runner process really dies (SIGABRT),
+  and so does the fresh runner it is retried on (a single death could have been the machine's doing).
 - wrong kernel: a scan ``B[i + 1] = B[i] + A[i]`` whose block declares it reads only ``A``, so TVM accepts
   ``vectorize`` on the loop and the vector code reads stale ``B``: the output really differs from the
   unscheduled program's (the reference).
 The endless and crashing programs are wrong from the start, so their unscheduled references hang and crash
-too; that disables their correctness check (with a warning) and the candidates then fail as they should.
+too (twice: a failed reference is retried on a fresh runner); that disables their correctness check (with
+a warning) and the candidates then fail as they should.
 """
 
 import time
@@ -103,7 +105,8 @@ def test_faults_cost_one_candidate_each(local_ray):
                          "RUNTIME_DEVICE", "NO_ERROR", "WRONG_ANSWER", "NO_ERROR"], \
             [(c, r.error_msg[:200]) for c, r in zip(codes, results)]
         assert all(r.costs == (1e10,) for r in results[0::2])
-        assert "wrong answer" in results[6].error_msg and "died" in results[4].error_msg
+        assert "wrong answer" in results[6].error_msg
+        assert "died running this candidate 2 times (crash)" in results[4].error_msg  # a fresh runner died too
 
         # Timeouts fire on time: the build is killed after BUILD_TIMEOUT, the endless run within timeout + 5 s.
         by_index = {(s.kind, s.index): s for s in spans}
@@ -123,4 +126,4 @@ def test_faults_cost_one_candidate_each(local_ray):
 
         # The measurer is still healthy for the next batch.
         assert m.measure([healthy(matmul, 2)])[0].ok
-    assert elapsed < 90
+    assert elapsed < 150  # seven runner restarts (~2 s each on an idle machine, 10 s under load)

@@ -24,9 +24,7 @@ TINY_TASKS = 5  # tiny-cnn: conv (x2), max pool, average pool, dense
 
 
 def env() -> dict:
-    out = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    out.pop("RAY_ADDRESS", None)
-    return out
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
 
 def run(script: str, *args: str, timeout: int = 300, cwd: Path = ROOT, extra_env: dict | None = None):
@@ -187,6 +185,7 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     (["--network", "tiny-cnn", "--n-trials", "-3"], "--n-trials must be a positive number"),
     (["--network", "tiny-cnn", "--batch-size", "0"], "--batch-size must be a positive number"),
     (["--network", "tiny-cnn", "--eval-only"], "logs/tiny-cnn-b1.json does not exist"),
+    (["--network", "tiny-cnn", "--seed", "-1"], "--seed must be an integer from 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     (tmp_path / "garbage.onnx").write_bytes(b"this is not a protobuf \x00\xff")
@@ -200,11 +199,29 @@ def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
+def test_onnx_model_with_a_sequence_input_is_one_line_and_exit_2(tmp_path):
+    onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
+    from onnx import TensorProto, helper
+    # A valid model whose only input is a sequence of tensors (SequenceAt picks one): nothing to tune it with.
+    graph = helper.make_graph(
+        [helper.make_node("SequenceAt", ["xs", "index"], ["y"])], "sequence_input",
+        [helper.make_tensor_sequence_value_info("xs", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        initializer=[helper.make_tensor("index", TensorProto.INT64, [], [0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp_path / "seq.onnx"))
+    proc = run("tune_network.py", "--onnx", tmp_path / "seq.onnx", timeout=120, cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and "'xs' is a sequence, not a tensor" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_help_explains_every_flag():
     out = run("tune_network.py", "--help", timeout=60).stdout
     for flag in ("--network", "--onnx", "--batch-size", "--n-trials", "--target", "--log-file", "--resume",
                  "--ray-address", "--eval-only", "--per-round", "--strategy", "--early-stopping", "--cost-model",
-                 "--load-model", "--seed"):
+                 "--load-model", "--seed", "--build-memory-gib"):
         assert flag in out
 
 

@@ -1,22 +1,73 @@
 """scripts/tune_test.py as a user runs it: bad input, a short real tuning run, and --resume."""
 
+import ipaddress
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "tune_test.py"
 
 
+def user_env() -> dict:
+    """The environment of a user who never heard of Ray's settings: none of its variables set."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+
+
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    env.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)
+                          env=user_env(), cwd=ROOT)
+
+
+def is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
+
+
+def run_sampling_listeners(*args: str, timeout: int = 300) -> tuple[subprocess.CompletedProcess, set, set]:
+    """Run the script; while it runs, every 0.2 s collect the listening sockets of its process tree.
+
+    Returns the finished process and the sets of (process name, ip, port) listening on loopback and
+    elsewhere. Sockets are read per process, so nothing else on the machine is counted.
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=out, stderr=err, text=True,
+                                env=user_env(), cwd=ROOT)
+        local, exposed = set(), set()
+        deadline = time.monotonic() + timeout
+        try:
+            root = psutil.Process(proc.pid)
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    family = [root, *root.children(recursive=True)]
+                except psutil.Error:
+                    break
+                for p in family:
+                    try:
+                        name, conns = p.name(), p.net_connections(kind="inet")
+                    except psutil.Error:  # it ended between the listing and the look
+                        continue
+                    for c in conns:
+                        listening = c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr)
+                        if listening:
+                            (local if is_loopback(c.laddr.ip) else exposed).add((name, c.laddr.ip, c.laddr.port))
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read()), local, exposed
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -26,6 +77,12 @@ def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     (["--target", "llvm -mcpu"], "examples:"),
     (["--target", '{"kind": "llvm"'], "not valid JSON"),
     (["--target", "nosuchkind"], "examples:"),
+    (["--target", "llvm -mcpu='x"], "No closing quotation"),
+    (["--target", "llvm -mcpu=x"], "valid -mcpu values"),
+    (["--target", "llvm -num-cores=0"], "num-cores must be a positive integer"),
+    (["--seed", "-1"], "--seed must be an integer from 0"),
+    (["--wkl", "matmul-99999999999999999999"], "too large"),
+    (["--build-memory-gib", "0"], "--build-memory-gib 8"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):
     proc = run(*args, timeout=120)
@@ -33,6 +90,39 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_unreachable_ray_address_fails_in_seconds(tmp_path):
+    start = time.monotonic()
+    proc = run("--wkl", "matmul-64", "--ray-address", "127.0.0.1:1", "--log-file", str(tmp_path / "x.json"),
+               timeout=120)
+    took = time.monotonic() - start
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and "cannot join the Ray cluster at 127.0.0.1:1" in lines[0], \
+        proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert took < 60  # Ray alone retries an unreachable GCS for about a minute, after start-up
+
+
+def test_ctrl_c_before_tuning_is_exit_130(tmp_path):
+    """SIGINT while the script is still importing TVM and parsing the target: a short message, status 130."""
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--wkl", "matmul-64", "--log-file", str(tmp_path / "x.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=user_env(), cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:  # interrupt once TVM is being loaded
+            with open(f"/proc/{proc.pid}/maps") as maps:
+                if "libtvm" in maps.read():
+                    break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
 
 
 def test_unreadable_log_is_exit_2(tmp_path):
@@ -43,8 +133,9 @@ def test_unreadable_log_is_exit_2(tmp_path):
 def test_help_explains_every_flag():
     out = run("--help", timeout=60).stdout
     for flag in ("--wkl", "--n-trials", "--target", "--log-file", "--resume", "--seed", "--ray-address",
-                 "--cost-model", "--load-model", "--per-round"):
+                 "--cost-model", "--load-model", "--per-round", "--build-memory-gib"):
         assert flag in out
+    assert "127.0.0.1 only" in out and "token authentication" in out  # what joining a cluster trusts
 
 
 def _steps_of(log: Path) -> list[str]:
@@ -52,11 +143,15 @@ def _steps_of(log: Path) -> list[str]:
     return [json.dumps(r["i"][1][1]) for r in rows if "i" in r]
 
 
-def test_short_run_then_resume_measures_nothing_twice(tmp_path):
+def test_short_run_listens_on_loopback_only_then_resume_measures_nothing_twice(tmp_path):
     log = tmp_path / "mm.json"
-    first = run("--wkl", "matmul-64", "--n-trials", "8", "--per-round", "4", "--log-file", str(log),
-                "--cost-model", "random")
+    first, local, exposed = run_sampling_listeners("--wkl", "matmul-64", "--n-trials", "8", "--per-round", "4",
+                                                   "--log-file", str(log), "--cost-model", "random")
     assert first.returncode == 0, first.stderr[-2000:]
+    # Ray's servers (GCS, raylet, workers, agents) were seen, and none of them listened beyond loopback.
+    names = {name for name, _, _ in local | exposed}
+    assert {"gcs_server", "raylet"} <= names, names
+    assert not exposed, sorted(exposed)
     assert "Best program:" in first.stdout and "GFLOPS" in first.stdout
     assert "Lowered TIR" in first.stdout
     assert len(_steps_of(log)) == 8

@@ -7,7 +7,7 @@ Ray (:class:`ProgramMeasurer` and the builders and runners behind it) is importe
 from importlib import import_module
 from typing import Any
 
-from .types import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
+from .types import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span, program_results
 
 _LAZY = {
     "ProgramMeasurer": ".measurer",
@@ -16,7 +16,7 @@ _LAZY = {
     "RecordToFile": ".callbacks",
 }
 
-__all__ = ["MAX_COST", "BuildResult", "ErrorNo", "MeasureInput", "MeasureResult", "Span", *_LAZY]
+__all__ = ["MAX_COST", "BuildResult", "ErrorNo", "MeasureInput", "MeasureResult", "Span", "program_results", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

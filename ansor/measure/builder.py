@@ -3,7 +3,13 @@
 Each build is a Ray task taking one CPU, so a batch compiles on every free core of the cluster. It returns
 the exported shared library as bytes: the runner that times it may live on another node. A build that
 outlives its timeout is force-cancelled, which kills its worker process; nothing else can stop a compiler
-stuck in C++.
+stuck in C++. Each build runs under a memory cap (:mod:`ansor.measure.memory_cap`).
+
+Whose fault is a failure? The candidate's when its build fails, hangs once started, or kills its worker
+twice (the second time in a watched child, so the message says whether it was the memory cap or a crash).
+The infrastructure's when the build's node or worker is lost, Ray kills it for the machine's memory, or
+no worker starts it within :data:`WORKER_START_TIMEOUT`: such a build is submitted once more, and if that
+fails too the candidate gets ``INFRA_ERROR`` (not learned from, proposed again later).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from ..loop_state import State
 from ..search_task import SearchTask
 from ..target import is_gpu
 from ..transform_steps import Step
-from .ray_session import current_node
+from .memory_cap import IsolatedBuild, capped, default_cap_bytes, oom_result
+from .ray_session import current_node, node_alive
 from .shipping import TaskHandle, ship, task_key
 from .types import BuildResult, ErrorNo
 
@@ -40,6 +47,8 @@ DEFAULT_BUILD_TIMEOUT = 15.0
 WORKER_START_TIMEOUT = 120.0
 #: Error messages are stored in logs; a TVM trace can be hundreds of lines.
 MAX_ERROR_CHARS = 2000
+#: Submissions of one build whose failures were the infrastructure's before it counts as INFRA_ERROR.
+MAX_INFRA_ATTEMPTS = 2
 
 #: A build job: a task and the state to build, ``None`` for the unscheduled program (the reference).
 BuildJob = tuple[SearchTask, Optional[State]]
@@ -51,11 +60,12 @@ def short_error(err: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " ..."
 
 
-def build_program(task: SearchTask, steps: Optional[Sequence[Step]]) -> BuildResult:
+def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap: Optional[int] = None) -> BuildResult:
     """Replay ``steps`` (``None``: no schedule), compile for the task's target and export the library.
 
     Runs in whichever process calls it (a Ray worker in measurement, this process in benchmarks). Never
-    raises: every failure becomes a :class:`BuildResult` with Ansor's error code.
+    raises: every failure becomes a :class:`BuildResult` with Ansor's error code. ``memory_cap``: the cap
+    this process runs under (bytes), so that a failed allocation is reported as reaching it.
     """
     start = time.time()
 
@@ -77,9 +87,13 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]]) -> BuildRes
             with open(path, "rb") as f:
                 lib = f.read()
     except Exception as err:  # TVM reports lowering/codegen errors as assorted exception types
-        code = ErrorNo.COMPILE_DEVICE if is_gpu(task.target) else ErrorNo.COMPILE_HOST
-        return failed(code, short_error(err))
+        code = _compile_error(task)
+        return oom_result(memory_cap, short_error(err), start, code) or failed(code, short_error(err))
     return BuildResult(lib, int(ErrorNo.NO_ERROR), "", time.time() - start, start, packed=tuple(packed))
+
+
+def _compile_error(task: SearchTask) -> ErrorNo:
+    return ErrorNo.COMPILE_DEVICE if is_gpu(task.target) else ErrorNo.COMPILE_HOST
 
 
 def _link_options(task: SearchTask) -> dict:
@@ -93,12 +107,22 @@ def _link_options(task: SearchTask) -> dict:
     return {"fcompile": functools.partial(tvm_cc.create_shared, cc="gcc")}
 
 
-@ray.remote(num_cpus=1, max_retries=1, num_returns="streaming")  # retried only if its node or worker is lost
-def _build_remote(handle: TaskHandle, steps: Optional[tuple[Step, ...]]):
-    # First item: the build has started. The timeout counts from here, so a cold worker's start-up and TVM
-    # import (seconds on a loaded machine) are not charged to the candidate.
-    yield time.time()
-    result = build_program(handle.get(), steps)
+@ray.remote(num_cpus=1, max_retries=0, num_returns="streaming")  # RayBuilder decides what is retried
+def _build_remote(handle: TaskHandle, steps: Optional[tuple[Step, ...]], memory_gib: Optional[float],
+                  isolated: bool):
+    # First item: the build has started, and where. The timeout counts from here, so a cold worker's start-up
+    # and TVM import (seconds on a loaded machine) are not charged to the candidate.
+    cap = int(memory_gib * 2 ** 30) if memory_gib else default_cap_bytes()
+    if isolated:  # the candidate killed a worker once: find out why, in a process this worker survives
+        task = handle.get()
+        child = IsolatedBuild(task, steps, cap)  # returns once the process has imported TVM
+        yield time.time(), current_node()
+        result = child.result(_compile_error(task))
+    else:
+        yield time.time(), current_node()
+        task = handle.get()
+        with capped(cap):
+            result = build_program(task, steps, cap)
     result.node = current_node()
     yield result
 
@@ -109,6 +133,15 @@ class _InFlight:
     start: float  # wall clock: submission, then the worker's start marker
     deadline: float  # time.monotonic(); until the start marker arrives, the start-up deadline
     started: bool = False
+    node: str = ""  # where it runs, from the start marker
+
+
+@dataclass
+class _Attempts:
+    """What went wrong with one build so far."""
+
+    infra: int = 0  # submissions lost to the infrastructure
+    crashed: bool = False  # its worker died once: the next submission runs isolated
 
 
 class RayBuilder:
@@ -119,10 +152,17 @@ class RayBuilder:
     timeout
         Seconds a build may run once it has started on a worker; then the worker is killed
         (``BUILD_TIMEOUT``). At most one build per cluster CPU is in flight.
+    memory_gib
+        Memory cap of each build worker in GiB (default: per node, see :mod:`~ansor.measure.memory_cap`).
+    start_timeout
+        Seconds a submitted build may wait for a worker before the attempt counts as lost.
     """
 
-    def __init__(self, timeout: float = DEFAULT_BUILD_TIMEOUT):
+    def __init__(self, timeout: float = DEFAULT_BUILD_TIMEOUT, memory_gib: Optional[float] = None,
+                 start_timeout: float = WORKER_START_TIMEOUT):
         self.timeout = timeout
+        self.memory_gib = memory_gib
+        self.start_timeout = start_timeout
 
     def build(self, jobs: Sequence[BuildJob], on_done: Optional[Callable[[int, BuildResult], None]] = None,
               handles: Optional[dict[str, TaskHandle]] = None) -> list[BuildResult]:
@@ -133,6 +173,7 @@ class RayBuilder:
         """
         handles = handles or ship(task for task, _ in jobs)
         results: list[Optional[BuildResult]] = [None] * len(jobs)
+        attempts = [_Attempts() for _ in jobs]
         pending = deque(range(len(jobs)))
         in_flight: dict[ray.ObjectRefGenerator, _InFlight] = {}
         window = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -143,46 +184,83 @@ class RayBuilder:
             if on_done is not None:
                 on_done(index, result)
 
+        def retry_or_finish(gen: ray.ObjectRefGenerator, why: str) -> None:
+            """An infrastructure failure: submit the build again, or give up with INFRA_ERROR."""
+            item = in_flight[gen]
+            tried = attempts[item.index]
+            tried.infra += 1
+            if tried.infra < MAX_INFRA_ATTEMPTS:
+                logger.warning("build of %s lost to the infrastructure (%s); submitting it again",
+                               jobs[item.index][0].workload_key, why)
+                in_flight.pop(gen)
+                pending.appendleft(item.index)
+            else:
+                finish(gen, BuildResult(None, int(ErrorNo.INFRA_ERROR), f"build failed {tried.infra} times for "
+                                        f"reasons outside the program; last: {why}", time.time() - item.start,
+                                        item.start))
+
+        def crashed(gen: ray.ObjectRefGenerator, err: BaseException) -> None:
+            """The worker died building it: once, build it again isolated; twice, it is the candidate's."""
+            item = in_flight[gen]
+            task = jobs[item.index][0]
+            if item.node and not node_alive(item.node):
+                retry_or_finish(gen, f"node {item.node} left the cluster")
+                return
+            if not attempts[item.index].crashed:
+                attempts[item.index].crashed = True
+                logger.info("build of %s killed its worker; building it again in a watched process",
+                            task.workload_key)
+                in_flight.pop(gen)
+                pending.appendleft(item.index)
+                return
+            msg = f"builder process died twice: {short_error(err).splitlines()[0]}"
+            logger.warning("candidate build of %s failed: %s", task.workload_key, msg)
+            finish(gen, _failure(_compile_error(task), msg, item.start))
+
         try:
             while pending or in_flight:
                 while pending and len(in_flight) < window:
                     i = pending.popleft()
                     task, state = jobs[i]
                     steps = None if state is None else tuple(state.steps)
-                    gen = _build_remote.options(scheduling_strategy="SPREAD").remote(handles[task_key(task)], steps)
-                    in_flight[gen] = _InFlight(i, time.time(), time.monotonic() + WORKER_START_TIMEOUT)
+                    gen = _build_remote.options(scheduling_strategy="SPREAD").remote(
+                        handles[task_key(task)], steps, self.memory_gib, attempts[i].crashed)
+                    in_flight[gen] = _InFlight(i, time.time(), time.monotonic() + self.start_timeout)
                 wait_s = max(0.0, min(f.deadline for f in in_flight.values()) - time.monotonic())
                 ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=wait_s)
                 for gen in ready:
                     item = in_flight[gen]
                     try:
                         value = ray.get(next(gen))
-                    except (ray.exceptions.RayError, StopIteration) as err:
-                        finish(gen, self._failed(err, jobs[item.index][0], item.start))
+                    except ray.exceptions.WorkerCrashedError as err:
+                        crashed(gen, err)
+                        continue
+                    except (ray.exceptions.RayTaskError, StopIteration) as err:  # a bug of ours, not Ray's
+                        finish(gen, _failure(ErrorNo.UNKNOWN_ERROR, f"build failed: {short_error(err)}",
+                                             item.start))
+                        continue
+                    except ray.exceptions.RayError as err:  # node lost, killed for memory, object lost ...
+                        retry_or_finish(gen, short_error(err).splitlines()[0])
                         continue
                     if item.started:
                         finish(gen, value)
                     else:
-                        item.started, item.start, item.deadline = True, value, time.monotonic() + self.timeout
+                        (item.start, item.node), item.started = value, True
+                        item.deadline = time.monotonic() + self.timeout
                 now = time.monotonic()
                 for gen in [g for g, f in in_flight.items() if f.deadline <= now]:
                     item = in_flight[gen]
                     ray.cancel(gen, force=True)
-                    why = (f"did not finish within {self.timeout:g} s" if item.started
-                           else f"did not start within {WORKER_START_TIMEOUT:g} s")
-                    finish(gen, BuildResult(None, int(ErrorNo.BUILD_TIMEOUT), f"build {why}; its worker was killed",
-                                            time.time() - item.start, item.start))
+                    if item.started:
+                        finish(gen, _failure(ErrorNo.BUILD_TIMEOUT, f"build did not finish within {self.timeout:g} "
+                                             "s; its worker was killed", item.start))
+                    else:
+                        retry_or_finish(gen, f"no worker started it within {self.start_timeout:g} s")
         finally:  # Ctrl-C or a failing callback: do not leave compilers running on the cluster
             for gen in in_flight:
                 ray.cancel(gen, force=True)
         return results  # type: ignore[return-value]
 
-    @staticmethod
-    def _failed(err: BaseException, task: SearchTask, start: float) -> BuildResult:
-        if isinstance(err, ray.exceptions.WorkerCrashedError):  # the compiler took its process down
-            code = ErrorNo.COMPILE_DEVICE if is_gpu(task.target) else ErrorNo.COMPILE_HOST
-            msg = f"builder process died: {short_error(err)}"
-        else:  # node lost twice, worker start-up failure, ...
-            code, msg = ErrorNo.UNKNOWN_ERROR, f"build failed in Ray: {short_error(err)}"
-        logger.warning("candidate build of %s failed: %s", task.workload_key, msg.splitlines()[0])
-        return BuildResult(None, int(code), msg, time.time() - start, start)
+
+def _failure(code: ErrorNo, msg: str, start: float) -> BuildResult:
+    return BuildResult(None, int(code), msg, time.time() - start, start)

@@ -3,9 +3,14 @@
 A batch goes through two phases. Build: every candidate (and, once per task, the unscheduled program whose
 output is the correctness reference) compiles in parallel on all CPUs of the cluster. Run: each node's CPUs
 are reserved, the references are computed once, then every built candidate is checked and timed, one at a
-time per device. Builds and runs alternate, so no timing ever shares its cores with a compiler. Every
-result goes to the callbacks as soon as it is known; :meth:`ProgramMeasurer.measure` returns them in input
-order.
+time per device. Builds and runs alternate, so no timing ever shares its cores with a compiler; on an
+embedded Ray the machine-wide :class:`~ansor.measure.host_lock.HostLock` extends that to other tuners on
+the same machine. Every result goes to the callbacks as soon as it is known;
+:meth:`ProgramMeasurer.measure` returns them in input order.
+
+A reference that fails to run is tried once more on a fresh runner; if it fails again, the task's
+candidates are timed without a check for the rest of the session, and each of their results says so
+(``MeasureResult.checked`` is False; the log marks such records).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from ..search_task import SearchTask
 from ..target import is_gpu
 from .builder import DEFAULT_BUILD_TIMEOUT, RayBuilder
 from .callbacks import MeasureCallback
+from .host_lock import HostLock, host_lock_path
 from .ray_session import RaySession
 from .runner import RunConfig, RunReply
-from .runner_pool import RunJob, RunnerPool
+from .runner_pool import MAX_CRASHES, RunJob, RunnerPool
 from .shipping import TaskHandle, ship, task_key
 from .types import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
 
@@ -34,6 +40,9 @@ logger = logging.getLogger("ansor")
 DEFAULT_RUN_TIMEOUT = 10.0
 #: The reference is the unscheduled program: naive loops, one thread, often 10-100x slower than a candidate.
 DEFAULT_REFERENCE_TIMEOUT = 60.0
+#: Runs of a task's reference before its candidates are measured unchecked.
+REFERENCE_ATTEMPTS = 2
+_DEFAULT_LOCK = "default"
 
 
 class ProgramMeasurer:
@@ -50,10 +59,17 @@ class ProgramMeasurer:
         Timing parameters, see :class:`~ansor.measure.runner.RunConfig` (``slow_factor``: a candidate this
         many times slower than its task's best so far is timed by one run only; ``inf`` times all fully).
     check_correctness
-        Compare each candidate's outputs with those of the task's unscheduled program (``WRONG_ANSWER``).
+        Compare each candidate's outputs with those of the task's unscheduled program (``WRONG_ANSWER``,
+        tolerances in :mod:`ansor.measure.check`).
     reference_timeout
-        Seconds for the one run of the unscheduled program per task; if it fails, the task is measured
-        unchecked (with a warning).
+        Seconds for the one run of the unscheduled program per task; if it fails twice, the task is
+        measured unchecked (with a warning, and ``checked=False`` on its results).
+    build_memory_gib
+        Memory cap of each build in GiB (default: 3/4 of a node's memory over its CPUs, at least 2 GiB).
+    host_lock
+        Lock file shared by the tuners of this machine (default ``$ANSOR_HOST_LOCK`` or
+        ``/tmp/ansor-measure.lock``); ``None`` turns the coordination off. Used with an embedded Ray only:
+        a joined cluster's nodes are other machines.
     callbacks
         Called with ``([input], [result])`` for every candidate as it finishes.
     """
@@ -63,6 +79,8 @@ class ProgramMeasurer:
                  min_repeat_ms: int = 100, enable_cpu_cache_flush: bool = True, slow_factor: float = 5.0,
                  check_correctness: bool = True,
                  reference_timeout: float = DEFAULT_REFERENCE_TIMEOUT,
+                 build_memory_gib: Optional[float] = None,
+                 host_lock: Optional[str] = _DEFAULT_LOCK,
                  callbacks: Sequence[MeasureCallback] = ()):
         self.run_timeout = run_timeout
         self.reference_timeout = reference_timeout
@@ -70,11 +88,14 @@ class ProgramMeasurer:
         self.callbacks = list(callbacks)
         #: Where and when each build and run of the last batch happened (worker clocks where known).
         self.spans: list[Span] = []
-        # Reference outputs by task key: (ObjectRef,) once computed, None if the reference failed.
+        # Reference outputs by task key: (ObjectRef,) once computed, None if the reference failed twice.
         self._references: dict[str, Optional[tuple]] = {}
         self._session = RaySession.open(ray_address)
-        self._builder = RayBuilder(build_timeout)
+        self._builder = RayBuilder(build_timeout, build_memory_gib)
         self._pool = RunnerPool(RunConfig(number, repeat, min_repeat_ms, enable_cpu_cache_flush, slow_factor))
+        if host_lock is _DEFAULT_LOCK:
+            host_lock = host_lock_path()
+        self._lock = HostLock(host_lock) if host_lock and self._session.owns_cluster else None
 
     def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]:
         """Build and time ``inputs``; one result per input, in input order (failures cost ``MAX_COST``).
@@ -88,6 +109,7 @@ class ProgramMeasurer:
         self.spans = batch.spans
         if not batch.inputs:
             return []
+        self._session.check_alive()
         tasks = [inp.task for inp in batch.inputs]
         references = self._missing_references(tasks)  # task key -> task whose unscheduled program is the reference
         self._pool.prepare({_runner_spec(t) for t in tasks + list(references.values())})
@@ -98,16 +120,19 @@ class ProgramMeasurer:
 
         # Build phase: the candidates and the missing references, all at once.
         n = len(tasks)
-        builds = self._builder.build([(inp.task, inp.state) for inp in batch.inputs]
-                                     + [(t, None) for t in references.values()],
-                                     lambda i, res: batch.built(i, res) if i < n else None, handles)
+        with self._lock.shared() if self._lock else nullcontext():
+            builds = self._builder.build([(inp.task, inp.state) for inp in batch.inputs]
+                                         + [(t, None) for t in references.values()],
+                                         lambda i, res: batch.built(i, res) if i < n else None, handles)
 
         # Run phase, on reserved CPUs: the references first, then every built candidate.
         needs_cpu = bool(references) or any(_runner_spec(t)[0] == "cpu" for t in tasks)
-        with self._pool.reserve() if needs_cpu else nullcontext():
+        with self._lock.exclusive() if self._lock else nullcontext(), \
+                self._pool.reserve() if needs_cpu else nullcontext():
             built_keys = {task_key(t) for t, b in zip(tasks, builds) if b.lib is not None}
             self._compute_references({key: (task, build) for (key, task), build in zip(references.items(), builds[n:])
                                       if key in built_keys}, handles, batch)  # nothing built: none needed yet
+            batch.checked = {key for key, ref in self._references.items() if ref is not None}
             jobs = []
             for i, (task, build) in enumerate(zip(tasks, builds)):
                 if build.lib is not None:
@@ -156,32 +181,52 @@ class ProgramMeasurer:
 
     def _compute_references(self, needed: dict[str, tuple[SearchTask, BuildResult]],
                             handles: dict[str, TaskHandle], batch: "_Batch") -> None:
-        """Run each task's unscheduled program once; keep its outputs in the object store for the checks."""
+        """Run each task's unscheduled program; keep its outputs in the object store for the checks.
+
+        A failed run is tried once more on a fresh runner (one the pool did not already retry after a
+        crash). A reference lost to the infrastructure is left missing, to be tried again next batch.
+        """
         keys = list(needed)
+        retry: list[RunJob] = []
 
         def done(job: RunJob, reply: RunReply) -> None:
             batch.spans.append(Span("reference", -1, reply.node, reply.start, reply.end))
+            key = keys[job.index]
             if reply.outputs is not None:
-                self._references[keys[job.index]] = (ray.put(reply.outputs),)
+                self._references[key] = (ray.put(reply.outputs),)
+            elif reply.error_no == ErrorNo.INFRA_ERROR:
+                logger.warning("reference run of %s lost to the infrastructure (%s); this batch is unchecked",
+                               key.split("|")[0], reply.error_msg.strip()[:200])
+            elif not job.fresh_runner and job.crashes < MAX_CRASHES:
+                logger.info("reference run of %s failed (%s); trying once more on a fresh runner",
+                            key.split("|")[0], reply.error_msg.strip().splitlines()[0][:200])
+                retry.append(replace(job, fresh_runner=True, node_losses=0, crashes=0))
             else:
-                self._disable_check(keys[job.index], reply.error_msg)
+                self._disable_check(key, reply.error_msg)
 
         jobs = []
         for j, (key, (task, build)) in enumerate(needed.items()):
+            if build.lib is None and build.error_no == ErrorNo.INFRA_ERROR:
+                continue  # no fault of the program: built again next batch
             if build.lib is None:
                 self._disable_check(key, f"the unscheduled program did not build: {build.error_msg}")
             else:
                 jobs.append(RunJob(j, handles[task_key(task)], build.lib, "cpu", _runner_spec(task)[1],
                                    self.reference_timeout, is_reference=True))
         self._pool.run(jobs, done)
+        if retry:
+            self._pool.run(retry, done)
 
     def _disable_check(self, key: str, why: str) -> None:
         self._references[key] = None
-        logger.warning("no correctness check for %s: %s", key.split("|")[0], why.strip().splitlines()[0][:300])
+        logger.warning("no correctness check for %s (its results are marked unchecked): %s", key.split("|")[0],
+                       why.strip().splitlines()[0][:300] if why.strip() else "no reason given")
 
     def close(self) -> None:
         """Stop the runners, close the callbacks, and leave (or stop) Ray."""
         try:
+            if self._lock is not None:
+                self._lock.close()
             if ray.is_initialized():
                 self._pool.close()
         finally:
@@ -208,6 +253,7 @@ class _Batch:
         self.callbacks = callbacks
         self.results: list[Optional[MeasureResult]] = [None] * len(inputs)
         self.spans: list[Span] = []
+        self.checked: set[str] = set()  # keys of the tasks whose outputs are compared with a reference
 
     def built(self, i: int, build: BuildResult) -> None:
         self.spans.append(Span("build", i, build.node, build.start, build.start + build.time_cost))
@@ -218,7 +264,8 @@ class _Batch:
     def ran(self, i: int, build: BuildResult, reply: RunReply) -> None:
         self.spans.append(Span("run", i, reply.node, reply.start, reply.end))
         self._finish(i, MeasureResult(reply.costs, reply.error_no, reply.error_msg,
-                                      build.time_cost + reply.end - reply.start, node=reply.node))
+                                      build.time_cost + reply.end - reply.start, node=reply.node,
+                                      checked=task_key(self.inputs[i].task) in self.checked))
 
     def _finish(self, i: int, result: MeasureResult) -> None:
         self.results[i] = result

@@ -1,28 +1,97 @@
 """Starting, joining and leaving Ray, and what the measurer needs to know about its nodes.
 
 Ray is the only execution engine. With no address we start an embedded single-machine instance that is
-quiet, has no dashboard, a bounded object store, keeps its files under a fresh temp dir and listens on
-127.0.0.1 only; with an address (``--ray-address`` or ``RAY_ADDRESS``) we join an existing cluster. We
-shut down only what we started: an embedded instance is stopped (and its temp dir removed) at
-:meth:`RaySession.close`, at interpreter exit and after Ctrl-C; a cluster we joined is only left.
+quiet, has no dashboard, a bounded object store, keeps its files under a fresh temp dir, reports no usage
+statistics and listens on 127.0.0.1 only (:func:`loopback_only`); with an address (``--ray-address`` or
+``RAY_ADDRESS``) we join an existing cluster. We shut down only what we started: an embedded instance is
+stopped (and its temp dir removed) at :meth:`RaySession.close`, at interpreter exit and after Ctrl-C; a
+cluster we joined is only left.
 """
 
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import logging
 import os
 import shutil
+import socket
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
+import psutil
 import ray
+from ray._private import ray_constants
+
+from ..errors import AnsorError
 
 logger = logging.getLogger("ansor")
 
 #: Object store of the embedded instance: builds (~100 KB each) and reference outputs are all it holds.
 DEFAULT_OBJECT_STORE_BYTES = 256 * 2 ** 20
+#: Name prefix of an embedded instance's temp dir; the tuner's pid follows.
+TEMP_PREFIX = "ansor-ray-"
+#: Seconds to wait for a cluster given by address to answer before calling it unreachable.
+CONNECT_TIMEOUT_S = 10.0
+
+#: Environment of an embedded instance. Its processes (GCS, raylet, agents, workers) inherit it and read it
+#: when they import ray. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray take 127.0.0.1 as the node's
+#: address, and every server binds to the node's address (checked with ``ss -ltnp`` and psutil on Ray 2.60:
+#: GCS, raylet's node manager and object manager, runtime-env agent, every worker).
+LOOPBACK_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_USAGE_STATS_PROMPT_ENABLED": "0",
+}
+LOOPBACK_IP = "127.0.0.1"
+
+
+class RayUnavailableError(AnsorError):
+    """Ray could not be started or reached (a cluster address that does not answer)."""
+
+
+class RayDiedError(RayUnavailableError):
+    """The Ray instance or cluster went away during the run: not bad input, so the scripts exit with 1."""
+
+    exit_code = 1
+
+
+class LoopbackSettings:
+    """Makes the Ray instances this process starts listen on 127.0.0.1 only, until :meth:`restore`.
+
+    Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` once, when ``ray`` is imported, into
+    ``ray_constants.ENABLE_RAY_CLUSTER``; with it true (the Linux default) ``ray.init`` even rewrites a
+    node address of ``127.0.0.1`` into the machine's network address, and the servers bind to all
+    interfaces. Setting the variable after the import changes nothing in this process, so the constant
+    is set too; the variable still matters for the processes Ray starts. Both are restored afterwards (a
+    later ``ray.init`` that joins a cluster needs the real address).
+    """
+
+    def __init__(self) -> None:
+        self._saved_env = {key: os.environ.get(key) for key in LOOPBACK_ENV}
+        self._saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+        os.environ.update(LOOPBACK_ENV)
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+    def restore(self) -> None:
+        ray_constants.ENABLE_RAY_CLUSTER = self._saved_flag
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def loopback_only() -> Iterator[None]:
+    """Within the block, Ray instances started here (``ray.cluster_utils.Cluster`` too) use loopback only."""
+    settings = LoopbackSettings()
+    try:
+        yield
+    finally:
+        settings.restore()
 
 
 @dataclass
@@ -47,6 +116,7 @@ class RaySession:
     owns_connection: bool
     temp_dir: Optional[str] = None
     _closed: bool = False
+    _loopback: Optional[LoopbackSettings] = None  # kept while the embedded instance runs
 
     @staticmethod
     def open(address: Optional[str] = None, *, num_cpus: Optional[int] = None,
@@ -69,30 +139,77 @@ class RaySession:
             return RaySession(address=None, owns_cluster=False, owns_connection=False)
         address = address or os.environ.get("RAY_ADDRESS") or None
         if address:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-            logger.info("joined Ray cluster at %s (%s CPUs, %s GPUs)", address,
-                        ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0))
-            session = RaySession(address=address, owns_cluster=False, owns_connection=True)
+            session = RaySession._join(address)
         else:
-            # Without this Ray binds its services to every interface of the machine (see TVM_NOTES).
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-            temp_dir = tempfile.mkdtemp(prefix="ansor-ray-")
-            # Ray keeps num_cpus idle workers and kills the rest after a second idle. The run phase's CPU
-            # hold needs one more worker, so without headroom nearly every batch lost a build worker and
-            # the next batch's builds waited ~2-3 s for a fresh process to import TVM.
-            soft_limit = (num_cpus or os.cpu_count() or 1) + 2
-            try:
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                         object_store_memory=object_store_memory, _temp_dir=temp_dir,
-                         logging_level=logging.ERROR, _system_config={"num_workers_soft_limit": soft_limit})
-            except BaseException:
-                shutil.rmtree(temp_dir, ignore_errors=True)
-                raise
-            logger.info("started a local Ray instance (%s CPUs, files in %s)",
-                        ray.cluster_resources().get("CPU", 0), temp_dir)
-            session = RaySession(address=None, owns_cluster=True, owns_connection=True, temp_dir=temp_dir)
+            session = RaySession._start(num_cpus, object_store_memory)
         atexit.register(session.close)
         return session
+
+    @staticmethod
+    def _join(address: str) -> "RaySession":
+        """Connect to the cluster at ``address``; a cluster that does not answer is a one-line error, fast."""
+        if "://" not in address and address != "auto":  # Ray Client has its own timeout; auto looks locally
+            _check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        except Exception as err:  # ConnectionError, RuntimeError, grpc errors...: all say "cannot join"
+            raise RayUnavailableError(f"cannot join the Ray cluster at {address}: {_first_line(err)} "
+                                      "(give --ray-address HOST:PORT of a running cluster's head, "
+                                      "or leave it out to start a local Ray)") from None
+        logger.info("joined Ray cluster at %s (%s CPUs, %s GPUs)", address,
+                    ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0))
+        return RaySession(address=address, owns_cluster=False, owns_connection=True)
+
+    @staticmethod
+    def _start(num_cpus: Optional[int], object_store_memory: int) -> "RaySession":
+        """Start the embedded instance: loopback only, its files under a fresh temp dir."""
+        _remove_stale_temp_dirs()
+        temp_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+        # Ray keeps num_cpus idle workers and kills the rest after a second idle. The run phase's CPU hold
+        # needs one more worker, so without headroom nearly every batch lost a build worker and the next
+        # batch's builds waited ~2-3 s for a fresh process to import TVM.
+        soft_limit = (num_cpus or os.cpu_count() or 1) + 2
+        loopback = LoopbackSettings()  # kept until close: workers started later inherit this environment
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     object_store_memory=object_store_memory, _temp_dir=temp_dir, _node_ip_address=LOOPBACK_IP,
+                     logging_level=logging.ERROR, _system_config={"num_workers_soft_limit": soft_limit})
+            node_ip = ray.util.get_node_ip_address()
+            if not ipaddress.ip_address(node_ip).is_loopback:
+                raise RayUnavailableError(f"the local Ray instance took {node_ip} as its address instead of "
+                                          f"{LOOPBACK_IP}; refusing to run it on a network interface")
+        except BaseException:
+            if ray.is_initialized():
+                ray.shutdown()
+            loopback.restore()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise
+        logger.info("started a local Ray instance (%s CPUs, files in %s)",
+                    ray.cluster_resources().get("CPU", 0), temp_dir)
+        return RaySession(address=None, owns_cluster=True, owns_connection=True, temp_dir=temp_dir,
+                          _loopback=loopback)
+
+    def check_alive(self) -> None:
+        """Raise :class:`RayDiedError` if Ray is gone (a killed raylet or GCS; a cluster that stopped).
+
+        Checked before each batch: once its local raylet is dead, the next task submission ends this
+        process from inside Ray's C++ core, with no Python error to report; this says why beforehand.
+        """
+        if self.owns_cluster:
+            node = ray._private.worker._global_node
+            essential = {ray_constants.PROCESS_TYPE_RAYLET, ray_constants.PROCESS_TYPE_GCS_SERVER}
+            dead = sorted({kind for kind, _ in node.dead_processes() if kind in essential}) if node else ["Ray"]
+            if dead:
+                raise RayDiedError(f"the local Ray instance died ({', '.join(dead)} stopped: killed, or out of "
+                                   "memory?); every finished measurement is in the log: rerun with --resume")
+            return
+        where = f" at {self.address}" if self.address else ""
+        try:
+            alive = alive_nodes()
+        except Exception as err:  # the GCS does not answer
+            raise RayDiedError(f"lost the Ray cluster{where}: {_first_line(err)}") from None
+        if not alive:
+            raise RayDiedError(f"the Ray cluster{where} has no live node left")
 
     def close(self) -> None:
         """Disconnect, and stop the Ray processes if we started them. Safe to call twice."""
@@ -100,10 +217,54 @@ class RaySession:
             return
         self._closed = True
         atexit.unregister(self.close)
-        if self.owns_connection and ray.is_initialized():
-            ray.shutdown()
-        if self.temp_dir:
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        try:
+            if self.owns_connection and ray.is_initialized():
+                ray.shutdown()
+        finally:
+            if self._loopback is not None:
+                self._loopback.restore()
+            if self.temp_dir:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _remove_stale_temp_dirs() -> None:
+    """Remove the temp dirs of embedded instances whose tuner died without cleaning up (``kill -9``).
+
+    Ray's processes share their driver's fate and exit with it; its files stay. A dir is named after the
+    tuner's pid, and is stale once no process with that pid runs (a reused pid only postpones the cleanup).
+    """
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if name.startswith(TEMP_PREFIX) and pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _check_reachable(address: str) -> None:
+    """Raise :class:`RayUnavailableError` unless something accepts TCP connections at ``host:port``.
+
+    Ray itself retries an unreachable GCS for about a minute before failing; a typo in ``--ray-address``
+    should cost seconds.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise RayUnavailableError(f"--ray-address {address!r} is not HOST:PORT (example: --ray-address "
+                                  "10.0.0.5:6379, or ray://HOST:10001 for Ray Client)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise RayUnavailableError(f"cannot join the Ray cluster at {address}: nothing answers there "
+                                  f"({err.strerror or err}); start it with `ray start --head`, give the "
+                                  "head's HOST:PORT, or leave --ray-address out to start a local Ray") from None
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0][:300] if lines else type(err).__name__
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import tvm
 from .. import apply
 from ..layout_rewrite import PackedLayout, pack_arguments
 from .builder import short_error
+from .check import compare_outputs
 from .ray_session import current_node
 from .shipping import TaskHandle
 from .types import MAX_COST, ErrorNo
@@ -120,8 +121,8 @@ class Runner:
                 module["main"](*args)
                 self._device.sync()
                 checked = time.perf_counter() - t0
-                mismatch = _compare([a.numpy() for a in args], self._reference(handle.key, reference),
-                                    skip={layout.index for layout in packed})
+                mismatch = compare_outputs([a.numpy() for a in args], self._reference(handle.key, reference),
+                                           skip={layout.index for layout in packed})
                 if mismatch:
                     return self._error(ErrorNo.WRONG_ANSWER, mismatch, start)
                 if checked > config.slow_factor * best_cost:  # the check run already says it is slow
@@ -171,23 +172,3 @@ def load_library(lib: bytes) -> tvm.runtime.Module:
         return tvm.runtime.load_module(path)
     finally:
         os.unlink(path)
-
-
-def _compare(got: list[np.ndarray], want: list[np.ndarray], skip: set[int] = frozenset()) -> str:
-    """Empty if every argument matches the reference, else which one differs and where (``skip``: inputs
-    passed pre-packed, which differ from the reference's by layout only)."""
-    for i, (g, w) in enumerate(zip(got, want)):
-        if i in skip:
-            continue
-        if g.shape != w.shape or g.dtype != w.dtype:
-            return f"argument {i}: {g.dtype}{list(g.shape)} where the reference has {w.dtype}{list(w.shape)}"
-        if np.issubdtype(w.dtype, np.floating):
-            tol = 1e-2 if w.dtype.itemsize <= 2 else 1e-3  # another loop order rounds differently
-            bad = ~np.isclose(g, w, rtol=tol, atol=tol, equal_nan=True)
-        else:
-            bad = g != w
-        if bad.any():
-            where = tuple(int(x) for x in np.argwhere(bad)[0])
-            return (f"wrong answer: argument {i} differs from the reference at {int(bad.sum())} of {bad.size} "
-                    f"elements (first at {where}: {g[where]} instead of {w[where]})")
-    return ""

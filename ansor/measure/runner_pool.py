@@ -12,9 +12,12 @@ node a tiny task holding ``num_cpus`` = all of that node's CPUs until cancelled.
 no build, ours or anyone's, on that node; builds and runs alternate per batch.
 
 A run that outlives its timeout gets its actor killed (the hung kernel dies with the process) and
-``RUN_TIMEOUT``; an actor that dies mid-run (segfault, ``abort``) costs that candidate ``RUNTIME_DEVICE``.
-Either way the lane starts a fresh actor for its next job. When the node itself is gone, the job is
-queued again for another node (at most :data:`MAX_NODE_LOSSES` times), never dropped.
+``RUN_TIMEOUT``. An actor that dies mid-run (segfault, ``abort``, or killed for memory) is replaced and the
+candidate runs once more on the fresh actor: dying twice costs it ``RUNTIME_DEVICE``. When the node itself
+is gone, or its runner does not start, the job is queued again for another lane (at most
+:data:`MAX_NODE_LOSSES` times), never dropped; a job that keeps losing its lanes, and one left with no
+live lane, fails with ``INFRA_ERROR``, which says nothing about the candidate. So does a candidate whose
+runner Ray killed twice because the node ran low on memory.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ LEASE_TIMEOUT = 120.0
 RELEASE_TIMEOUT = 2.0
 #: How many times a job may lose its node before it is recorded as an error.
 MAX_NODE_LOSSES = 2
+#: Runs of one candidate that may kill their runner (the last one decides).
+MAX_CRASHES = 2
 
 _RunnerActor = ray.remote(Runner)
 
@@ -88,7 +93,9 @@ class RunJob:
     is_reference: bool = False  # compute the reference instead of timing
     probe_only: bool = False  # check and run once, whatever the task's best (see ProgramMeasurer)
     packed: tuple[PackedLayout, ...] = ()  # arguments the library takes pre-packed
+    fresh_runner: bool = False  # replace the lane's runner before this job (a retried reference)
     node_losses: int = 0
+    crashes: int = 0  # runs that killed their runner
 
 
 @dataclass
@@ -184,7 +191,7 @@ class RunnerPool:
                     if queue and not any(lane.device == device and not lane.dead for lane in lanes):
                         while queue:
                             job = queue.popleft()
-                            on_done(job, _failure(ErrorNo.UNKNOWN_ERROR, "", time.time(),
+                            on_done(job, _failure(ErrorNo.INFRA_ERROR, "", time.time(),
                                                   f"no live {device.upper()} runner in the Ray cluster"))
                 busy = [lane for lane in lanes if lane.job is not None]
                 if not busy:
@@ -237,6 +244,9 @@ class RunnerPool:
     # ------------------------------------------------------------------ the event loop
     def _start(self, lane: _Lane, job: RunJob) -> None:
         actor = lane.actors.get(job.threads)
+        if actor is not None and job.fresh_runner:
+            self._kill(lane, actor)
+            actor = None
         if actor is None:
             actor = lane.actors[job.threads] = self._spawn(lane, job.threads)
         if job.is_reference:
@@ -288,8 +298,18 @@ class RunnerPool:
                 self._lose_lane(lane, "the node left the cluster", queues, on_done)
                 return
             self._kill(lane, actor)
-            reply = _failure(ErrorNo.RUNTIME_DEVICE, lane.node, lane.started,
-                             f"the runner process died running this candidate (crash): {short_error(err)}")
+            lane.job = lane.actor = lane.call = None
+            job.crashes += 1
+            killed_for_memory = _killed_for_memory(err)
+            if job.crashes < MAX_CRASHES:
+                logger.info("a runner on node %s died (%s); running its candidate again on a fresh one",
+                            lane.node, "killed for the node's memory" if killed_for_memory else "crash")
+                queues[job.device].appendleft(job)
+                return
+            code = ErrorNo.INFRA_ERROR if killed_for_memory else ErrorNo.RUNTIME_DEVICE
+            reply = _failure(code, lane.node, lane.started, f"the runner process died running this candidate "
+                             f"{job.crashes} times ({'killed for memory' if killed_for_memory else 'crash'}): "
+                             f"{short_error(err)}")
         except ray.exceptions.RayError as err:  # an exception inside the runner: a bug, not the candidate
             reply = _failure(ErrorNo.UNKNOWN_ERROR, lane.node, lane.started, short_error(err))
         lane.job = lane.actor = lane.call = None
@@ -317,11 +337,19 @@ class RunnerPool:
         lane.dead = True
         job.node_losses += 1
         if job.node_losses > MAX_NODE_LOSSES:
-            on_done(job, _failure(ErrorNo.UNKNOWN_ERROR, lane.node, lane.started,
+            on_done(job, _failure(ErrorNo.INFRA_ERROR, lane.node, lane.started,
                                   f"gave up after losing {job.node_losses} runner nodes; last: {why}"))
         else:
             logger.warning("node %s: %s; its candidates move to other nodes", lane.node, why)
             queues[job.device].appendleft(job)
+
+
+def _killed_for_memory(err: BaseException) -> bool:
+    """Ray's memory monitor killed the actor because its node ran low on memory (not the kernel's OOM killer,
+    which Ray cannot tell from a crash: its generic "worker died" text only lists that as a possible cause)."""
+    text = str(err).lower()
+    return isinstance(err, ray.exceptions.OutOfMemoryError) or "low on memory" in text \
+        or "memory pressure" in text
 
 
 def _failure(code: ErrorNo, node: str, start: float, msg: str) -> RunReply:

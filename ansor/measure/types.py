@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Sequence
 
 from ..layout_rewrite import PackedLayout
 from ..loop_state import State
@@ -29,6 +30,10 @@ class ErrorNo(IntEnum):
     BUILD_TIMEOUT = 6
     RUN_TIMEOUT = 7
     UNKNOWN_ERROR = 8
+    #: Not one of Ansor's: the measurement machinery failed, not the program (a node lost, a worker that
+    #: did not start or was killed for the machine's memory), and a retry did not help. Such a result is
+    #: not learned from and its program may be proposed again (see :func:`program_results`).
+    INFRA_ERROR = 9
 
 
 @dataclass
@@ -73,6 +78,22 @@ class MeasureResult:
     @property
     def ok(self) -> bool:
         return self.error_no == ErrorNo.NO_ERROR
+
+    @property
+    def retriable(self) -> bool:
+        """The failure was the infrastructure's: it says nothing about the program."""
+        return self.error_no == ErrorNo.INFRA_ERROR
+
+
+def program_results(inputs: Sequence[MeasureInput],
+                    results: Sequence[MeasureResult]) -> tuple[list[MeasureInput], list[MeasureResult]]:
+    """The (input, result) pairs that say something about their program: all but infrastructure failures.
+
+    What the search policy remembers as measured and the cost model learns from; a program whose
+    measurement failed for the infrastructure's sake stays eligible.
+    """
+    kept = [(i, r) for i, r in zip(inputs, results) if not r.retriable]
+    return [i for i, _ in kept], [r for _, r in kept]
 
 
 @dataclass(frozen=True)

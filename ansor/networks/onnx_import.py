@@ -37,8 +37,16 @@ def _input_specs(onnx, model, path: Path, shapes: Mapping[str, Sequence[int]]) -
     for value in model.graph.input:
         if value.name in initializers:
             continue
+        kind = value.type.WhichOneof("value")
+        if kind != "tensor_type":
+            raise NetworkError(f"{path}: input {value.name!r} is a {(kind or 'untyped').replace('_type', '')}, "
+                               "not a tensor; only models whose inputs are all tensors can be tuned")
         tensor_type = value.type.tensor_type
-        dtype = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+        try:
+            dtype = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+        except (KeyError, TypeError):
+            raise NetworkError(f"{path}: input {value.name!r} has no usable element type "
+                               f"(ONNX type {tensor_type.elem_type})") from None
         if value.name in shapes:
             shape = tuple(int(d) for d in shapes[value.name])
         else:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from ..measure.types import MAX_COST, MeasureInput
+from ..measure.types import MAX_COST, MeasureInput, program_results
 from ..loop_state import State
 from ..records import Record, load_records, other_targets_message
 from ..search_task import SearchTask
@@ -187,8 +187,8 @@ def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: 
             continue
         inputs = [MeasureInput(tasks[index], s) for s in states_]
         results = measurer.measure(inputs)
-        policies[index].record(inputs, results)
-        model.update(inputs, results)
+        policies[index].record(*program_results(inputs, results))  # infrastructure failures may come again
+        model.update(*program_results(inputs, results))
         best = min([r.mean_cost for r in results if r.ok] + [alloc.tasks[index].best_cost])
         alloc.record(index, len(inputs), best)
         used += len(inputs)

@@ -1,0 +1,96 @@
+"""The correctness check: wrong outputs of any size are rejected, reordered fp32 reductions are not, and a
+task whose reference cannot be computed is measured with every result saying it was not checked."""
+
+import logging
+import random
+
+import numpy as np
+import ray
+from tvm import te
+
+from ansor import apply
+from ansor.cost_model import RandomModel
+from ansor.measure import ErrorNo, ProgramMeasurer
+from ansor.measure.builder import build_program
+from ansor.measure.check import compare_outputs
+from ansor.measure.runner import RunConfig, Runner
+from ansor.measure.shipping import ship, task_key
+from ansor.search_task import SearchTask
+from ansor.sketch.policy import SketchPolicy
+
+TARGET = "llvm -num-cores=2"
+
+
+def candidates(task: SearchTask, n: int) -> list:
+    """``n`` random programs of ``task`` drawn from all its sketches (what a search measures first)."""
+    return SketchPolicy(task, RandomModel(0), seed=0).next_batch(n)
+
+
+def test_scaled_outputs_fail_and_reordered_reductions_pass():
+    for name in ("softmax-4x1024", "conv2d-nhwc-small", "matmul-128"):
+        task = SearchTask.from_workload(name, TARGET)
+        args = apply.random_inputs(task)
+        want = apply.run(task, apply.build(task, None), args)
+        for state in candidates(task, 4):  # tiled, unrolled, vectorized, rfactor-ed: reductions reordered
+            got = apply.run(task, apply.build(task, state), args)
+            assert compare_outputs(got, want) == "", (name, state.steps)
+        for factor in (0.5, 1.5):
+            scaled = want[:-1] + [want[-1] * np.float32(factor)]
+            assert "wrong answer" in compare_outputs(scaled, want), (name, factor)
+
+    # Why the tolerance must scale: softmax-4x1024 outputs are ~1e-3, and the former fixed tolerance
+    # (rtol = atol = 1e-3) took half of them for the real thing.
+    softmax = SearchTask.from_workload("softmax-4x1024", TARGET)
+    out = apply.run(softmax, apply.build(softmax, None), apply.random_inputs(softmax))[-1]
+    assert out.max() < 2e-3 and np.allclose(out * 0.5, out, rtol=1e-3, atol=1e-3)
+
+
+def scaled_softmax(m: int, n: int, factor: float):
+    """Softmax whose result is multiplied by ``factor``: a deliberately wrong program for the real one."""
+    a = te.placeholder((m, n), name="A")
+    k = te.reduce_axis((0, n), name="k")
+    top = te.compute((m,), lambda i: te.max(a[i, k], axis=k), name="T_softmax_maxelem")
+    e = te.compute((m, n), lambda i, j: te.exp(a[i, j] - top[i]), name="T_softmax_exp")
+    k2 = te.reduce_axis((0, n), name="k2")
+    total = te.compute((m,), lambda i: te.sum(e[i, k2], axis=k2), name="T_softmax_expsum")
+    out = te.compute((m, n), lambda i, j: e[i, j] / total[i] * factor, name="T_softmax_norm")
+    return te.create_prim_func([a, out])
+
+
+def test_the_runner_rejects_a_scaled_softmax(local_ray):
+    """End to end in a real runner actor: the reference is the real softmax, the candidate is built from a
+    softmax whose output is halved (or 1.5x), and a real scheduled softmax passes the same check."""
+    task = SearchTask.from_workload("softmax-4x1024", TARGET)
+    handle = ship([task])[task_key(task)]
+    runner = ray.remote(Runner).options(num_cpus=0).remote("cpu")
+    reference = ray.get(runner.reference.remote(handle, build_program(task, None).lib))
+    assert reference.error_no == ErrorNo.NO_ERROR, reference.error_msg
+    outputs = (ray.put(reference.outputs),)
+    config = RunConfig(min_repeat_ms=1)
+    try:
+        for factor in (0.5, 1.5):
+            wrong = build_program(SearchTask(scaled_softmax(4, 1024, factor), TARGET), None)
+            reply = ray.get(runner.run.remote(handle, wrong.lib, outputs, config))
+            assert reply.error_no == ErrorNo.WRONG_ANSWER and "wrong answer" in reply.error_msg, reply
+        right = build_program(task, random.Random(1).choice(candidates(task, 4)).steps)
+        reply = ray.get(runner.run.remote(handle, right.lib, outputs, config))
+        assert reply.error_no == ErrorNo.NO_ERROR, reply.error_msg
+    finally:
+        ray.kill(runner)
+
+
+def test_a_failed_reference_is_retried_then_its_results_say_unchecked(local_ray, caplog, matmul_inputs):
+    """The unscheduled matmul-256 (naive loops, tens of ms) cannot finish in 5 ms: its reference run times
+    out, is retried once on a fresh runner, times out again, and the candidates are timed unchecked."""
+    task = SearchTask.from_workload("matmul-256", TARGET)
+    seen = []
+    with caplog.at_level(logging.INFO, logger="ansor"), \
+            ProgramMeasurer(reference_timeout=0.005, min_repeat_ms=1, callbacks=[lambda i, r: seen.extend(r)]) as m:
+        results = m.measure(matmul_inputs(task, 2))
+        references = [s for s in m.spans if s.kind == "reference"]
+        again = m.measure(matmul_inputs(task, 3)[2:])  # given up for the session: no third attempt
+        assert not [s for s in m.spans if s.kind == "reference"]
+    assert len(references) == 2, references
+    assert all(r.ok and not r.checked for r in results + again), results + again
+    assert [r.checked for r in seen] == [False] * 3
+    assert "trying once more on a fresh runner" in caplog.text and "marked unchecked" in caplog.text
