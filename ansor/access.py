@@ -10,7 +10,19 @@ walks (:class:`LoopPart`). Non-affine indices are kept as ``None`` and treated a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Iterable, Optional
+
+
+class IterKind(Enum):
+    """What a block variable or a loop walks: Ansor's spatial, reduction, or (a fused loop) both."""
+
+    SPATIAL = "S"
+    REDUCE = "R"
+    MIXED = "M"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +79,7 @@ class Access:
 @dataclass(frozen=True, slots=True)
 class BlockVar:
     name: str
-    kind: str  # "S" spatial or "R" reduce
+    kind: IterKind  # SPATIAL or REDUCE
     extent: int
 
 

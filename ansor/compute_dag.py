@@ -19,7 +19,7 @@ from tvm.ir import Call
 from tvm.ir.expr import TensorLoad
 from tvm.ir.prim import expr as E
 
-from .access import Access, Affine, BlockInfo, BlockVar, LoopPart
+from .access import Access, Affine, BlockInfo, BlockVar, IterKind, LoopPart
 from .errors import AnsorError
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class ComputeDAG:
 
     def _analyse_block(self, block, loops, realize, param_names: set[str]) -> DagStage:
         vars_ = tuple(
-            BlockVar(iv.var.name, "R" if int(iv.iter_type) == 2 else "S", int(iv.dom.extent))
+            BlockVar(iv.var.name, IterKind.REDUCE if int(iv.iter_type) == 2 else IterKind.SPATIAL, int(iv.dom.extent))
             for iv in block.iter_vars
         )
         var_names = {v.name for v in vars_}
@@ -130,7 +130,7 @@ class ComputeDAG:
             for lname, coef in aff.terms:
                 loop_parts[lname].append(LoopPart(iv.var.name, coef, int(loop_var_of[lname].extent)))
         loop_info = tuple((l.loop_var.name, int(l.extent), tuple(loop_parts[l.loop_var.name])) for l in loops)
-        is_reduction = any(v.kind == "R" for v in vars_)
+        is_reduction = any(v.kind == IterKind.REDUCE for v in vars_)
         has_branch = any(c in _BRANCH_CALLS for c in calls)
         has_expensive = any(c in _EXPENSIVE_CALLS for c in calls)
         is_output = store.buffer.name in param_names
@@ -139,7 +139,7 @@ class ComputeDAG:
         strictly_inlineable = (not is_reduction and not is_output and simple and not has_branch
                                and not has_expensive)
         # Ansor's data-reuse test: count the producers whose access misses a (non-unit) spatial axis.
-        spatial = [v.name for v in vars_ if v.kind == "S" and v.extent > 1]
+        spatial = [v.name for v in vars_ if v.kind == IterKind.SPATIAL and v.extent > 1]
         n_missing = 0
         for buffer in {a.buffer for a in reads}:
             accs = [a for a in reads if a.buffer == buffer]
@@ -202,8 +202,9 @@ class ComputeDAG:
             nstage = self.stages[nxt]
             if nstage.is_reduction:
                 return False
-            out_vars = [v.name for v in nstage.block.vars if v.kind == "S"]
-            if self.buffer_shapes[out.buffer] != tuple(v.extent for v in nstage.block.vars if v.kind == "S"):
+            out_spatial = [v for v in nstage.block.vars if v.kind == IterKind.SPATIAL]
+            out_vars = [v.name for v in out_spatial]
+            if self.buffer_shapes[out.buffer] != tuple(v.extent for v in out_spatial):
                 return False
             for acc in nstage.block.reads_of(out.buffer):
                 if [None if i is None or i.const else i.single_var() for i in acc.indices] != out_vars:

@@ -1,8 +1,11 @@
 """One exception hierarchy for the whole package.
 
 Every error we raise on purpose derives from :class:`AnsorError`, so scripts can turn any of them into a
-one-line message and exit code 2, while real bugs still surface as ordinary tracebacks.
+one-line message and exit code 2, while real bugs still surface as ordinary tracebacks. The two helpers
+at the end keep every message one line long, whatever TVM or a log file put into it.
 """
+
+import reprlib
 
 
 class AnsorError(Exception):
@@ -23,3 +26,30 @@ class RecordError(AnsorError):
 
 class TargetError(AnsorError):
     """A target description that cannot be parsed."""
+
+
+# ------------------------------------------------------------------------------------------------ messages
+#: Longest message line a helper below returns: a TVM error can print a whole program.
+MAX_MESSAGE_CHARS = 300
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxstring, _REPR.maxother = 3, 8, 60, 60
+
+
+def short_message(error: BaseException | str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """What went wrong, on one line of at most ``limit`` characters.
+
+    The line after TVM's ``Error message:`` when there is one (its schedule errors print the IR first and
+    the reason last), else the first non-blank line; an exception without text is named by its type.
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    line = next((ln[len("Error message:"):].strip() for ln in lines if ln.startswith("Error message:")),
+                lines[0] if lines else "")
+    if not line:
+        line = type(error).__name__ if isinstance(error, BaseException) else "unknown error"
+    return line if len(line) <= limit else line[:limit] + " ..."
+
+
+def short_repr(value: object) -> str:
+    """A bounded ``repr`` for messages about data read from files, which may be huge or deeply nested."""
+    return _REPR.repr(value)

@@ -4,6 +4,7 @@ import pytest
 from tvm import te
 
 from ansor import AnsorError, ComputeDAG
+from ansor.access import IterKind
 from ansor.search_task import SearchTask
 
 
@@ -16,7 +17,7 @@ def test_matmul_512_flops_and_stages():
     assert d.flop_ct == 2 * 512 ** 3
     assert [s.name for s in d.stages] == ["C"]
     c = d.stages[0]
-    assert [(v.kind, v.extent) for v in c.block.vars] == [("S", 512), ("S", 512), ("R", 512)]
+    assert [(v.kind, v.extent) for v in c.block.vars] == [(IterKind.SPATIAL, 512), (IterKind.SPATIAL, 512), (IterKind.REDUCE, 512)]
     assert c.is_output and c.is_reduction and c.needs_multi_level_tiling and not c.strictly_inlineable
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import xgboost as xgb
 
+from ansor.loop_nest import AttachKind
 from ansor.cost_model import (CostModelError, FeatureExtractor, RandomModel, XGBModel, XGBParams,
                               load_model)
 from ansor.cost_model.dataset import TrainingSet
@@ -155,7 +156,7 @@ def test_state_features_of_gpu_programs_show_thread_bindings():
     feats = StateFeatureExtractor().extract(gpu, states)
     col = FEATURE_NAMES.index("thread_idx")
     for state, f in zip(states, feats):
-        assert f.shape[0] == sum(s.compute_at != "inline" for s in state.stages) and np.isfinite(f).all()
+        assert f.shape[0] == sum(s.compute_at != AttachKind.INLINED for s in state.stages) and np.isfinite(f).all()
         assert f[:, col].max() > 0  # some store runs under threadIdx.x
 
 

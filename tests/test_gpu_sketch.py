@@ -12,6 +12,7 @@ import subprocess
 import pytest
 import tvm
 
+from ansor.loop_nest import AttachKind
 from ansor.cost_model import RandomModel
 from ansor.search_task import SearchTask
 from ansor.sketch.annotation import sample_initial_population
@@ -58,7 +59,7 @@ def test_softmax_has_ansors_four_sketches():
                                                            for i in range(1, len(s.stages)))) for s in sketches)
     assert by_ctr == [(False, False), (False, True), (True, False), (True, True)]
     for s in sketches:  # exp is always inlined on GPU
-        assert s.stages[1].compute_at == "inline"
+        assert s.stages[1].compute_at == AttachKind.INLINED
 
 
 @pytest.mark.parametrize("name, expected", [("max-pool2d", 1), ("conv2d-bias-relu", 1), ("matmul-relu-512", 1),
@@ -73,7 +74,7 @@ def test_fused_epilogue_reads_the_per_thread_accumulator():
     """TensorIR cannot allocate a global intermediate inside a kernel: relu must read the local cache."""
     s = generate_sketches(cuda_task("conv2d-bias-relu"))[0]
     relu = next(st for st in s.stages if st.name == "relu")
-    assert relu.compute_at == "iter" and sorted(relu.block.read_buffers()) == ["bias", "conv_local"]
+    assert relu.compute_at == AttachKind.ITER and sorted(relu.block.read_buffers()) == ["bias", "conv_local"]
 
 
 # Five workloads x 48 programs = 240 states; each is built for sm_80 and verified.

@@ -11,9 +11,11 @@ import pytest
 import tvm
 
 from ansor import StepError, apply
-from ansor.loop_state import ATTACHED, INLINED, State
+from ansor.access import IterKind
+from ansor.loop_nest import AttachKind
+from ansor.loop_state import State
 from ansor.search_task import SearchTask
-from ansor.transform_steps import steps_from_json, steps_to_json
+from ansor.transform_steps import step_from_json, steps_to_json
 from ansor.workloads import get_workload
 
 
@@ -108,7 +110,7 @@ def test_replay_compiles_and_matches_numpy(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_json_round_trip_replays_to_the_same_program(name):
     task, state = scheduled(name)
-    again = task.compute_dag.init_state().with_steps(steps_from_json(steps_to_json(state.steps)))
+    again = task.compute_dag.init_state().with_steps([step_from_json(j) for j in steps_to_json(state.steps)])
     assert again.key() == state.key()
     assert str(again) == str(state)
     tvm.ir.assert_structural_equal(task.compute_dag.replay(state).mod, task.compute_dag.replay(again).mod)
@@ -143,8 +145,8 @@ def test_stage_ids_shift_after_chr_chw_rf():
     s2.rfactor(0, 2, 1)
     assert [st.name for st in s2.stages][:3] == ["T_softmax_maxelem_rf", "T_softmax_maxelem", "T_softmax_exp"]
     assert s2.stages[3].attach == (4, 0)
-    assert [(it.name, it.kind) for it in s2.stages[0].iters] == [("i", "S"), ("k_0", "R"), ("k_1", "S")]
-    assert [(it.name, it.kind) for it in s2.stages[1].iters] == [("i", "S"), ("k_1", "R")]
+    assert [(it.name, it.kind) for it in s2.stages[0].iters] == [("i", IterKind.SPATIAL), ("k_0", IterKind.REDUCE), ("k_1", IterKind.SPATIAL)]
+    assert [(it.name, it.kind) for it in s2.stages[1].iters] == [("i", IterKind.SPATIAL), ("k_1", IterKind.REDUCE)]
     s2.storage_align(0, 0, 16, 1)
     s2.compute_at(0, 1, 0)
     assert [it.extent for it in s2.stages[0].iters] == [16, 1, 64]  # rf var, i, remaining k_0
@@ -155,7 +157,7 @@ def test_stage_ids_shift_after_chr_chw_rf():
 def test_attach_follows_split_and_blocks_illegal_moves():
     s = SearchTask.from_workload("matmul-relu-64").compute_dag.init_state()
     s.compute_at(1, 0, 0)  # relu under matmul's i loop (after the reduction)
-    assert s.stages[1].compute_at == ATTACHED
+    assert s.stages[1].compute_at == AttachKind.ITER
     s.split(0, 0, [8])     # i -> i_0 i_1: relu now sits under i_1
     assert s.stages[1].attach == (0, 1)
     with pytest.raises(StepError, match="in between the loops"):
@@ -170,7 +172,7 @@ def test_attach_follows_split_and_blocks_illegal_moves():
 def test_inline_rewrites_consumer_accesses():
     s = SearchTask.from_workload("conv2d-bias-relu").compute_dag.init_state()
     s.compute_inline(2)
-    assert s.stages[2].compute_at == INLINED
+    assert s.stages[2].compute_at == AttachKind.INLINED
     assert sorted(s.stages[3].block.read_buffers()) == ["bias", "conv"]
     assert s.consumers(1) == [3] and s.producers(3) == [1]
 
@@ -204,7 +206,7 @@ def _random_steps(task: SearchTask, rng: random.Random, n: int) -> State:
     """Random structural steps; the State rejects what it knows to be illegal."""
     s = task.compute_dag.init_state()
     for _ in range(n):
-        live = [i for i, st in enumerate(s.stages) if st.compute_at != INLINED and st.iters]
+        live = [i for i, st in enumerate(s.stages) if st.compute_at != AttachKind.INLINED and st.iters]
         sid = rng.choice(live)
         st = s.stages[sid]
         op = rng.choice(["split", "split", "reorder", "fuse", "ca", "inline", "cw"])
@@ -229,7 +231,7 @@ def _random_steps(task: SearchTask, rng: random.Random, n: int) -> State:
                     trial.compute_at(sid, t, rng.randrange(len(trial.stages[t].iters)))
             elif op == "inline":
                 trial.compute_inline(sid)
-            elif op == "cw" and st.compute_at == "root" and len(s.stages) < 6:
+            elif op == "cw" and st.compute_at == AttachKind.ROOT and len(s.stages) < 6:
                 trial.cache_write(sid, "local")
         except StepError:
             continue

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import tvm
 
+from ansor.loop_nest import AttachKind
+from ansor.access import IterKind
 from ansor import apply
 from ansor.search_task import SearchTask
 from ansor.sketch.annotation import factorizations, sample_initial_population
@@ -111,11 +113,11 @@ def test_mutation_keeps_the_tile_product():
         child = mutate_tile_size(task, state, rng)
         if child is None:
             continue
-        assert [it.extent for it in child.stages[0].iters if it.kind == "R"] != [] and child.key() != state.key()
+        assert [it.extent for it in child.stages[0].iters if it.kind == IterKind.REDUCE] != [] and child.key() != state.key()
         for stage in child.stages:
             for v in stage.block.vars:
                 spans = [p.extent for it in stage.iters for p in it.parts if p.var == v.name]
-                if stage.compute_at == "root" and spans:
+                if stage.compute_at == AttachKind.ROOT and spans:
                     assert np.prod(spans) == v.extent
         changed += 1
     assert changed >= 20

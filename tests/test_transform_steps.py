@@ -1,4 +1,6 @@
-"""Steps as plain data: JSON round trips, malformed input, and the error hierarchy."""
+"""Steps as plain data: JSON round trips, malformed input, the error hierarchy, and the step registry."""
+
+from dataclasses import fields
 
 import pytest
 
@@ -7,7 +9,7 @@ from ansor.search_task import SearchTask
 from ansor.transform_steps import (
     STEP_TYPES, AnnotationStep, CacheReadStep, CacheWriteStep, ComputeAtStep, ComputeInlineStep,
     ComputeRootStep, FollowFusedSplitStep, FollowSplitStep, FuseStep, LayoutRewriteStep, PragmaStep, ReorderStep,
-    RfactorStep, SplitStep, StorageAlignStep, step_from_json, step_to_json,
+    RfactorStep, SplitStep, Step, StorageAlignStep, step_from_json, step_to_json,
 )
 
 ONE_OF_EACH = [
@@ -33,6 +35,24 @@ def test_every_tag_has_a_step():
     assert sorted(STEP_TYPES) == sorted(
         ["SP", "FSP", "FFSP", "RE", "FU", "AN", "PR", "SA", "CA", "CI", "CR", "CHR", "CHW", "RF", "LR"])
     assert {type(s).TAG for s in ONE_OF_EACH} == set(STEP_TYPES)
+
+
+#: The interpreters of a step list: the State, the TensorIR schedule, the readable code.
+INTERPRETERS = ("apply_to_state", "apply_to_schedule", "to_code")
+#: Field types the JSON codec reads (``step_from_json``).
+CODEC_TYPES = {"int", "Optional[int]", "bool", "str", "tuple[int, ...]", "tuple[Optional[int], ...]"}
+
+
+@pytest.mark.parametrize("tag", sorted(STEP_TYPES))
+def test_every_tag_has_every_handler(tag):
+    """A new step must say what it means to each interpreter and use only field types the codec reads."""
+    cls = STEP_TYPES[tag]
+    assert cls.TAG == tag
+    missing = [name for name in INTERPRETERS if getattr(cls, name) is getattr(Step, name)]
+    assert not missing, f"{tag} lacks {missing}"
+    kinds = {f.name: cls.__annotations__[f.name] for f in fields(cls)}
+    assert kinds and set(kinds.values()) <= CODEC_TYPES, f"{tag} has fields the JSON codec cannot read: {kinds}"
+    assert list(kinds)[0] == "stage_id"
 
 
 @pytest.mark.parametrize("step", ONE_OF_EACH, ids=lambda s: s.TAG)

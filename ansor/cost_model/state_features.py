@@ -37,10 +37,11 @@ from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
-from ..access import Access
+from ..access import Access, IterKind
 from ..errors import StepError
 from ..layout_rewrite import packed_layout
-from ..loop_state import ATTACHED, INLINED, State
+from ..loop_nest import AttachKind
+from ..loop_state import State
 from ..search_task import SearchTask
 from .features import ExtractStats
 
@@ -139,7 +140,7 @@ def state_features(state: State, cores: int, vector_bytes: int, line_bytes: int 
     """One row per live (not inlined) stage, in stage order."""
     nests: dict[int, list[_Loop]] = {}
     rows = [_store_row(state, sid, nests, cores, vector_bytes, line_bytes)
-            for sid, stage in enumerate(state.stages) if stage.compute_at != INLINED]
+            for sid, stage in enumerate(state.stages) if stage.compute_at != AttachKind.INLINED]
     return np.asarray(rows, dtype=np.float32).reshape(len(rows), NUM_STATE_FEATURES)
 
 
@@ -152,7 +153,7 @@ def _nest(state: State, sid: int, memo: dict[int, list[_Loop]]) -> list[_Loop]:
     own = [_Loop(it.extent or 1, it.annotation, it.pragma, tuple((p.var, p.stride) for p in it.parts))
            for it in stage.iters]
     outer: list[_Loop] = []
-    if stage.compute_at == ATTACHED:
+    if stage.compute_at == AttachKind.ITER:
         target_id, iter_id = stage.attach
         target_nest = _nest(state, target_id, memo)
         n_target_outer = len(target_nest) - len(state.stages[target_id].iters)
@@ -198,7 +199,7 @@ def _buffers(state: State, sid: int) -> list[_Buffer]:
     for acc in block.reads:
         groups.setdefault(acc.buffer, []).append(acc)
     written = {a.buffer for a in block.writes}
-    reduction = any(v.kind == "R" for v in block.vars)
+    reduction = any(v.kind == IterKind.REDUCE for v in block.vars)
     for acc in block.writes:
         groups.setdefault(acc.buffer, []).append(acc)
     out = []
@@ -291,7 +292,7 @@ def _flops_per_point(state: State, sid: int) -> float:
     if origin < 0:
         return 0.0
     inlined = {state.stages[i].block.writes[0].buffer: state.stages[i].origin for i in range(len(state.stages))
-               if state.stages[i].compute_at == INLINED and state.stages[i].origin >= 0}
+               if state.stages[i].compute_at == AttachKind.INLINED and state.stages[i].origin >= 0}
     total, todo, seen = 0.0, [origin], set()
     while todo:  # the stage and, transitively, every inlined stage it reads
         ds = dag.stages[todo.pop()]
@@ -347,7 +348,8 @@ def _store_row(state: State, sid: int, nests: dict[int, list[_Loop]], cores: int
     gpu = [math.prod([loop.extent for loop in nest if loop.annotation.startswith(axis)] or [0])
            for axis in _GPU_AXES]
 
-    row = [_log(iterations), _log(fpp * iterations), fpp, len(nest), float(any(v.kind == "R" for v in stage.block.vars)),
+    reduces = any(v.kind == IterKind.REDUCE for v in stage.block.vars)
+    row = [_log(iterations), _log(fpp * iterations), fpp, len(nest), float(reduces),
            float(stage.block.writes[0].buffer.endswith(("_local", "_rf"))) if stage.block.writes else 0.0,
            _log(math.prod(extents[:n_outer]))]
     row += [_log(vector_len), float(bool(nest) and nest[-1].annotation == "vectorize"),

@@ -27,9 +27,11 @@ from typing import Callable
 
 import tvm
 
+from ..access import IterKind
 from ..errors import AnsorError, StepError
 from ..layout_rewrite import packable_arguments
-from ..loop_state import ROOT, State
+from ..loop_nest import AttachKind
+from ..loop_state import State
 from ..search_task import SearchTask
 from ..sketch.annotation import annotate_parallel, annotate_vectorize, contiguous
 
@@ -87,17 +89,17 @@ def _register_tile_reduction(task: SearchTask, state: State, stage_id: int) -> N
     the operand that ``v`` walks (weights) and reuses it ``s`` times from registers.
     """
     stage = state.stages[stage_id]
-    if not any(it.kind == "R" for it in stage.iters):
+    if not any(it.kind == IterKind.REDUCE for it in stage.iters):
         return
     vector = [k for k, it in enumerate(stage.iters)
-              if it.kind == "S" and (it.extent or 1) > 1 and contiguous(stage, (it,))]
+              if it.kind == IterKind.SPATIAL and (it.extent or 1) > 1 and contiguous(stage, (it,))]
     if not vector:
         return
     pos = vector[-1]
     factor = _largest_divisor(stage.iters[pos].extent or 1, _lanes(task, state, stage_id))
     if factor == 1:
         return
-    others = [k for k in range(pos) if stage.iters[k].kind == "S" and (stage.iters[k].extent or 1) > 1]
+    others = [k for k in range(pos) if stage.iters[k].kind == IterKind.SPATIAL and (stage.iters[k].extent or 1) > 1]
     inner = []  # iterator ids, after the splits below, of the pieces that go innermost
     if others:
         row = others[-1]
@@ -116,7 +118,7 @@ def _register_tile_reduction(task: SearchTask, state: State, stage_id: int) -> N
 
 def _unroll_reductions(state: State) -> None:
     for sid, stage in enumerate(state.stages):
-        if stage.compute_at == ROOT and any(it.kind == "R" for it in stage.iters):
+        if stage.compute_at == AttachKind.ROOT and any(it.kind == IterKind.REDUCE for it in stage.iters):
             state.pragma(sid, 0, f"auto_unroll_max_step${UNROLL_STEPS}")
 
 
@@ -124,7 +126,7 @@ def _vector_parallel(task: SearchTask) -> State:
     state = task.compute_dag.init_state()
     _inline_elementwise(state)
     for sid, stage in enumerate(state.stages):
-        if stage.compute_at == ROOT:
+        if stage.compute_at == AttachKind.ROOT:
             _register_tile_reduction(task, state, sid)
     annotate_parallel(state, task)
     _unroll_reductions(state)
@@ -135,9 +137,9 @@ def _vector_parallel(task: SearchTask) -> State:
 def _packed_vector_parallel(task: SearchTask) -> State:
     """:func:`_vector_parallel` reading each constant weight packed in its loop order (free at inference)."""
     state = _vector_parallel(task)
-    packable = [(sid, buffer) for sid, stage in enumerate(state.stages) if stage.compute_at == ROOT
+    packable = [(sid, buffer) for sid, stage in enumerate(state.stages) if stage.compute_at == AttachKind.ROOT
                 for buffer in packable_arguments(state, sid) if buffer in state.dag.layout_free
-                and any(it.kind == "R" for it in stage.iters)]
+                and any(it.kind == IterKind.REDUCE for it in stage.iters)]
     if not packable:
         raise StepError("no constant weight to pack")
     for sid, buffer in packable:

@@ -10,9 +10,11 @@ import functools
 import random
 from typing import Optional
 
+from ..access import IterKind
 from ..errors import StepError
 from ..layout_rewrite import packable_arguments
-from ..loop_state import INLINED, ROOT, Stage, State
+from ..loop_nest import AttachKind
+from ..loop_state import Stage, State
 from ..search_task import SearchTask
 from ..target import is_gpu
 from ..transform_steps import SplitStep, Step
@@ -77,7 +79,7 @@ def compute_location_candidates(state: State, stage_id: int) -> list[tuple[int, 
     seen_reduce = False
     attached_at = {state.stages[c].attach[1] for c in state.attached_to(target)}
     for k, it in enumerate(tstage.iters):
-        if it.kind == "R":
+        if it.kind == IterKind.REDUCE:
             seen_reduce = True
             if not tiled:
                 break
@@ -97,7 +99,7 @@ def change_compute_location(state: State, rng: random.Random) -> State:
     """For each untiled, unplaced stage: keep it at the root, inline it, or compute it at a consumer loop."""
     for stage_id in range(len(state.stages) - 1, -1, -1):
         stage = state.stages[stage_id]
-        if stage.compute_at != ROOT or stage.origin < 0 or needs_multi_level_tiling(state, stage_id):
+        if stage.compute_at != AttachKind.ROOT or stage.origin < 0 or needs_multi_level_tiling(state, stage_id):
             continue
         if any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps):
             continue
@@ -129,7 +131,7 @@ def outer_parallel_loops(state: State, stage_id: int) -> int:
     attached = {state.stages[c].attach[1] for c in state.attached_to(stage_id)}
     n = 0
     for k, it in enumerate(stage.iters):
-        if it.kind != "S" or it.annotation != "none":
+        if it.kind != IterKind.SPATIAL or it.annotation != "none":
             break
         n += 1
         if k in attached:
@@ -141,7 +143,7 @@ def annotate_parallel(state: State, task: SearchTask) -> None:
     """Fuse the outer spatial loops of every root stage until there is enough parallelism, then parallel."""
     limit = task.hardware_params.num_cores * 16
     for stage_id, stage in enumerate(state.stages):
-        if stage.compute_at == ROOT:
+        if stage.compute_at == AttachKind.ROOT:
             _parallel_outer(state, stage_id, limit)
 
 
@@ -163,7 +165,7 @@ def _parallel_outer(state: State, stage_id: int, limit: int) -> None:
 def annotate_unroll(state: State, rng: random.Random, task: SearchTask) -> None:
     """An auto-unroll pragma with a random step limit on every stage that reduces."""
     for stage_id, stage in enumerate(state.stages):
-        if stage.compute_at != INLINED and stage.iters and has_reduce_iter(state, stage_id):
+        if stage.compute_at != AttachKind.INLINED and stage.iters and has_reduce_iter(state, stage_id):
             value = rng.choice(GPU_UNROLL_STEPS if is_gpu(task.target) else CPU_UNROLL_STEPS)
             state.pragma(stage_id, 0, f"auto_unroll_max_step${value}")
 
@@ -176,7 +178,7 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
     innermost loop is too long is split first, so element-wise epilogues still get vector code.
     """
     for stage_id, stage in enumerate(state.stages):
-        if stage.compute_at == INLINED or not stage.iters:
+        if stage.compute_at == AttachKind.INLINED or not stage.iters:
             continue
         tiled = any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps)
         attached_at = {state.stages[c].attach[1] for c in state.attached_to(stage_id)}
@@ -185,7 +187,7 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
         while fusible < n:
             k = n - 1 - fusible
             it = stage.iters[k]
-            if k in attached_at or it.kind != "S" or it.annotation != "none" or (tiled and fusible):
+            if k in attached_at or it.kind != IterKind.SPATIAL or it.annotation != "none" or (tiled and fusible):
                 break
             if length * (it.extent or 1) > MAX_VECTORIZE_LANES or not contiguous(stage, stage.iters[k:]):
                 break
@@ -193,8 +195,8 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
             fusible += 1
         if fusible == 0:
             last = stage.iters[-1]
-            if not tiled and last.kind == "S" and last.annotation == "none" and (n - 1) not in attached_at \
-                    and (last.extent or 1) > MAX_VECTORIZE_LANES and contiguous(stage, (last,)):
+            free = last.kind == IterKind.SPATIAL and last.annotation == "none" and (n - 1) not in attached_at
+            if not tiled and free and (last.extent or 1) > MAX_VECTORIZE_LANES and contiguous(stage, (last,)):
                 factor = _largest_divisor_at_most(last.extent or 1, MAX_VECTORIZE_LANES)
                 if factor > 1:
                     state.split(stage_id, n - 1, [factor])
@@ -212,7 +214,7 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
 def annotate_layout_rewrite(state: State, rng: random.Random) -> None:
     """``LR`` for the arguments each tiled root stage could read packed (see :mod:`ansor.layout_rewrite`)."""
     for stage_id, stage in enumerate(state.stages):
-        if stage.compute_at != ROOT or not needs_multi_level_tiling(state, stage_id):
+        if stage.compute_at != AttachKind.ROOT or not needs_multi_level_tiling(state, stage_id):
             continue
         for buffer in packable_arguments(state, stage_id):
             if buffer in state.dag.layout_free or rng.random() < P_PACK_INPUT:

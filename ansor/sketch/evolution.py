@@ -15,11 +15,11 @@ from typing import Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from ..errors import StepError
+from ..layout_rewrite import packable_arguments
+from ..loop_nest import AttachKind
 from ..loop_state import State
 from ..search_task import SearchTask
 from ..target import is_gpu
-from ..layout_rewrite import packable_arguments
-from ..loop_state import ROOT
 from ..transform_steps import (
     AnnotationStep, ComputeAtStep, FuseStep, LayoutRewriteStep, PragmaStep, SplitStep, Step,
 )
@@ -156,7 +156,7 @@ def mutate_layout_rewrite(task: SearchTask, state: State, rng: random.Random) ->
     packed = [i for i, s in enumerate(state.steps)
               if isinstance(s, LayoutRewriteStep) and s.buffer not in state.dag.layout_free]
     unpacked = [(sid, buffer) for sid, stage in enumerate(state.stages)
-                if stage.compute_at == ROOT and needs_multi_level_tiling(state, sid)
+                if stage.compute_at == AttachKind.ROOT and needs_multi_level_tiling(state, sid)
                 for buffer in packable_arguments(state, sid) if buffer not in state.dag.layout_free]
     choices = [("drop", i) for i in packed] + [("add", c) for c in unpacked]
     if not choices:

@@ -21,9 +21,10 @@ import random
 from typing import Optional
 
 from ..errors import StepError
-from ..loop_state import INLINED, ROOT, State
+from ..loop_nest import AttachKind
+from ..loop_state import State
 from ..search_task import SearchTask
-from ..transform_steps import STAGE_ADDING_TAGS, SplitStep, Step
+from ..transform_steps import SplitStep, Step
 from .annotation import _divisors, annotate_unroll, factorizations, outer_parallel_loops
 from .gpu_rules import has_cross_thread_reduction
 
@@ -111,17 +112,17 @@ def bind_threads(state: State, task: SearchTask, rng: random.Random) -> None:
     hw = task.hardware_params
     for sid in range(len(state.stages)):
         stage = state.stages[sid]
-        if stage.compute_at == INLINED:
+        if stage.compute_at == AttachKind.INLINED:
             continue
         if has_cross_thread_reduction(state, sid):
-            if stage.compute_at == ROOT:
+            if stage.compute_at == AttachKind.ROOT:
                 n = _fuse_outer_space(state, sid)
                 if n:
                     state.annotate(sid, 0, "blockIdx.x")
             continue
         if any(it.annotation == "threadIdx.x" for it in stage.iters):
             continue
-        if stage.compute_at == ROOT:
+        if stage.compute_at == AttachKind.ROOT:
             _bind_simple(state, sid, hw, rng)
         elif stage.name.endswith("_shared"):
             _cooperative_fetch(state, sid, rng)
@@ -171,8 +172,8 @@ def _steps_of(state: State, stage_id: int) -> list[int]:
     fresh = len(ids)
     for step in state.steps:
         owner.append(ids[step.stage_id])
-        if step.TAG in STAGE_ADDING_TAGS:
-            ids.insert(step.stage_id + (step.TAG == "CHW"), fresh)
+        if step.NEW_STAGE is not None:
+            ids.insert(step.stage_id + step.NEW_STAGE, fresh)
             fresh += 1
     return [i for i, o in enumerate(owner) if o == ids[stage_id]]
 
@@ -182,7 +183,7 @@ def fits_gpu(task: SearchTask, state: State) -> bool:
     """True if no kernel of ``state`` exceeds the block's threads, vthreads, shared memory or vector width."""
     hw = task.hardware_params
     for sid, stage in enumerate(state.stages):
-        if stage.compute_at != ROOT:
+        if stage.compute_at != AttachKind.ROOT:
             continue
         kernel = _kernel_stages(state, sid)
         threads = vthreads = 1

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..loop_state import ROOT, State
+from ..access import IterKind
+from ..loop_nest import AttachKind
+from ..loop_state import State
 from ..search_task import SearchTask
 from ..transform_steps import SplitStep
 from .rules import (
@@ -45,7 +47,7 @@ THREAD_LEVEL = 3
 def has_cross_thread_reduction(state: State, stage_id: int) -> bool:
     """True if the stage, or a stage computed at its loops, binds a reduction loop to ``threadIdx.x``."""
     for sid in (stage_id, *state.attached_to(stage_id)):
-        if any(it.kind == "R" and it.annotation == "threadIdx.x" for it in state.stages[sid].iters):
+        if any(it.kind == IterKind.REDUCE and it.annotation == "threadIdx.x" for it in state.stages[sid].iters):
             return True
     return False
 
@@ -58,12 +60,12 @@ def common_outer_loops(state: State, stage_id: int, target_id: int) -> int:
     """
     out = state.stages[stage_id].block.writes[0]
     own = [None if i is None else i.single_var() for i in out.indices]
-    spatial = {v.name for v in state.stages[stage_id].block.vars if v.kind == "S"}
+    spatial = {v.name for v in state.stages[stage_id].block.vars if v.kind == IterKind.SPATIAL}
     target = state.stages[target_id]
     uses = target.block.reads_of(out.buffer)
     n = 0
     for k, it in enumerate(target.iters):
-        if k >= len(own) or own[k] not in spatial or it.kind != "S" or len(it.parts) != 1:
+        if k >= len(own) or own[k] not in spatial or it.kind != IterKind.SPATIAL or len(it.parts) != 1:
             break
         var = it.parts[0].var
         if not uses or any(len(u.indices) <= k or u.indices[k] is None or u.indices[k].single_var() != var
@@ -121,7 +123,8 @@ def _fusible_consumer(state: State, stage_id: int) -> Optional[int]:
         return None
     target = consumers[0]
     tstage = state.stages[target]
-    if needs_multi_level_tiling(state, target) or tstage.compute_at != ROOT or has_reduce_iter(state, target):
+    if (needs_multi_level_tiling(state, target) or tstage.compute_at != AttachKind.ROOT
+            or has_reduce_iter(state, target)):
         return None
     return target if common_outer_loops(state, stage_id, target) > 0 else None
 
@@ -147,7 +150,7 @@ class GPUAddCacheWrite(SketchRule):
     name = "add_cache_write"
 
     def condition(self, task: SearchTask, state: State, stage_id: int) -> Cond:
-        if needs_multi_level_tiling(state, stage_id) and state.stages[stage_id].compute_at == ROOT \
+        if needs_multi_level_tiling(state, stage_id) and state.stages[stage_id].compute_at == AttachKind.ROOT \
                 and not has_cache_write_stage(state, stage_id) and not has_cross_thread_reduction(state, stage_id):
             return Cond.APPLY_AND_SKIP_REST
         return Cond.PASS
@@ -168,7 +171,7 @@ class GPUMultiLevelTilingWithFusion(SketchRule):
 
     def condition(self, task: SearchTask, state: State, stage_id: int) -> Cond:
         if needs_multi_level_tiling(state, stage_id) and has_cache_write_stage(state, stage_id) \
-                and state.stages[stage_id].compute_at == ROOT:
+                and state.stages[stage_id].compute_at == AttachKind.ROOT:
             return Cond.APPLY_AND_SKIP_REST
         return Cond.PASS
 

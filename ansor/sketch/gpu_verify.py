@@ -20,7 +20,8 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..errors import StepError
-from ..loop_state import ROOT, State
+from ..loop_nest import AttachKind
+from ..loop_state import State
 from ..search_task import SearchTask
 
 logger = logging.getLogger("ansor")
@@ -88,7 +89,7 @@ def launch_dims(state: State) -> list[dict]:
     """
     out = []
     for sid, stage in enumerate(state.stages):
-        if stage.compute_at != ROOT:
+        if stage.compute_at != AttachKind.ROOT:
             continue
         grid, block = [1, 1, 1], [1, 1, 1]
         vthread = 1

@@ -14,7 +14,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Optional
 
-from ..loop_state import INLINED, ROOT, State
+from ..access import IterKind
+from ..loop_nest import AttachKind
+from ..loop_state import State
 from ..search_task import SearchTask
 from ..target import is_gpu
 
@@ -50,7 +52,7 @@ def needs_multi_level_tiling(state: State, stage_id: int) -> bool:
 
 
 def has_reduce_iter(state: State, stage_id: int) -> bool:
-    return any(it.kind == "R" for it in state.stages[stage_id].iters)
+    return any(it.kind == IterKind.REDUCE for it in state.stages[stage_id].iters)
 
 
 def is_output(state: State, stage_id: int) -> bool:
@@ -65,7 +67,7 @@ def has_cache_write_stage(state: State, stage_id: int) -> bool:
 
 def should_always_inline(task: SearchTask, state: State, stage_id: int) -> bool:
     stage = state.stages[stage_id]
-    if stage.compute_at == INLINED or is_output(state, stage_id) or has_reduce_iter(state, stage_id):
+    if stage.compute_at == AttachKind.INLINED or is_output(state, stage_id) or has_reduce_iter(state, stage_id):
         return False
     ds = dag_stage(state, stage_id)
     if ds is None:
@@ -84,10 +86,10 @@ def single_elementwise_consumer(state: State, stage_id: int) -> Optional[int]:
     stage, consumer = state.stages[stage_id], state.stages[target]
     if has_reduce_iter(state, stage_id) and has_reduce_iter(state, target):
         return None
-    if consumer.name.endswith("_shared") or any(v.kind == "R" for v in consumer.block.vars):
+    if consumer.name.endswith("_shared") or any(v.kind == IterKind.REDUCE for v in consumer.block.vars):
         return None
     out = stage.block.writes[0]
-    spatial = [v for v in consumer.block.vars if v.kind == "S"]
+    spatial = [v for v in consumer.block.vars if v.kind == IterKind.SPATIAL]
     if state.shapes[out.buffer] != tuple(v.extent for v in spatial):
         return None
     for acc in consumer.block.reads_of(out.buffer):
@@ -99,9 +101,9 @@ def single_elementwise_consumer(state: State, stage_id: int) -> Optional[int]:
 def space_and_reduce_length(state: State, stage_id: int) -> tuple[int, int]:
     space = reduce = 1
     for it in state.stages[stage_id].iters:
-        if it.kind == "S":
+        if it.kind == IterKind.SPATIAL:
             space *= it.extent or 1
-        elif it.kind == "R":
+        elif it.kind == IterKind.REDUCE:
             reduce *= it.extent or 1
     return space, reduce
 
@@ -120,8 +122,8 @@ def needs_rfactor(task: SearchTask, state: State, stage_id: int) -> bool:
 def fuse_reduction(state: State, stage_id: int) -> int:
     """Move the reduction loops innermost and fuse them into one; returns that loop's id."""
     iters = state.stages[stage_id].iters
-    spatial = [k for k, it in enumerate(iters) if it.kind == "S"]
-    reduce = [k for k, it in enumerate(iters) if it.kind == "R"]
+    spatial = [k for k, it in enumerate(iters) if it.kind == IterKind.SPATIAL]
+    reduce = [k for k, it in enumerate(iters) if it.kind == IterKind.REDUCE]
     if spatial + reduce != list(range(len(iters))):
         state.reorder(stage_id, spatial + reduce)
     if len(reduce) > 1:
@@ -144,13 +146,13 @@ def multi_level_tiling(state: State, stage_id: int, structure: str) -> tuple[Sta
     split_ids: list[int] = []
     pos = 0  # position of the current original iterator; splits add iterators before the next one
     for it in state.stages[stage_id].iters:
-        levels, n = (space_levels, n_space) if it.kind == "S" else (reduce_levels, n_reduce)
-        if it.kind not in ("S", "R") or n == 1 or (it.extent or 1) == 1:
+        levels, n = (space_levels, n_space) if it.kind == IterKind.SPATIAL else (reduce_levels, n_reduce)
+        if it.kind not in (IterKind.SPATIAL, IterKind.REDUCE) or n == 1 or (it.extent or 1) == 1:
             levels[0].append(pos)
             pos += 1
             continue
         s.split(stage_id, pos, [None] * (n - 1))
-        if it.kind == "S":
+        if it.kind == IterKind.SPATIAL:
             split_ids.append(len(s.steps) - 1)
         for level in range(n):
             levels[level].append(pos + level)
@@ -213,7 +215,7 @@ class AddCacheWrite(SketchRule):
 
     def condition(self, task, state, stage_id):
         if needs_multi_level_tiling(state, stage_id) and single_elementwise_consumer(state, stage_id) is None \
-                and state.stages[stage_id].compute_at == ROOT and not has_cache_write_stage(state, stage_id):
+                and state.stages[stage_id].compute_at == AttachKind.ROOT and not has_cache_write_stage(state, stage_id):
             return Cond.APPLY
         return Cond.PASS
 
@@ -299,7 +301,7 @@ def generate_sketches(task: SearchTask, rules: Optional[tuple[SketchRule, ...]] 
                     sketches.append(state)
                 continue
             stage = state.stages[stage_id]
-            if stage.compute_at == INLINED or stage.origin < 0:
+            if stage.compute_at == AttachKind.INLINED or stage.origin < 0:
                 nxt.append((state, stage_id - 1))
                 continue
             for rule in rules:
