@@ -3,7 +3,7 @@
 The workflow in one call each (see docs/tutorial.md)::
 
     result = ansor.tune(func, "llvm", trials=64, log_file="mm.json")   # a PrimFunc or [A, B, C] TE tensors
-    mod = result.task.apply_best("mm.json")                            # the scheduled IRModule
+    mod = ansor.apply_best(result.task, "mm.json")                     # the scheduled IRModule
     ansor.relax.tune_relax(mod, params, target, "net.json", 1000)      # any Relax model
     exe = ansor.relax.compile_relax(mod, params, "net.json", target)   # -> a Relax VM executable
 
@@ -19,8 +19,8 @@ from .errors import AnsorError, RecordError, StepError, TargetError, WorkloadErr
 _LAZY = {
     "ComputeDAG": ".compute_dag",
     "Database": ".database",
-    "Iterator": ".loop_state",
-    "Stage": ".loop_state",
+    "Iterator": ".loop_nest",
+    "Stage": ".loop_nest",
     "State": ".loop_state",
     "RecordWriter": ".records",
     "best_records": ".records",
@@ -28,6 +28,9 @@ _LAZY = {
     "load_records": ".records",
     "save_records": ".records",
     "SearchTask": ".search_task",
+    "apply_best": ".best",
+    "best_record": ".best",
+    "print_best": ".best",
     "BuilderOptions": ".tuning",
     "RunnerOptions": ".tuning",
     "TuneResult": ".tuning",
@@ -41,8 +44,8 @@ _SUBMODULES = ("relax", "networks")
 
 __all__ = ["AnsorError", "BuilderOptions", "ComputeDAG", "Database", "Iterator", "RecordError", "RecordWriter",
            "RunnerOptions", "SearchTask", "Stage", "State", "StepError", "TargetError", "TuneResult",
-           "TuningOptions", "WorkloadError", "auto_schedule", "best_records", "distill", "load_records",
-           "networks", "ray_session", "relax", "save_records", "tune", "tune_task"]
+           "TuningOptions", "WorkloadError", "apply_best", "auto_schedule", "best_record", "best_records", "distill",
+           "load_records", "networks", "print_best", "ray_session", "relax", "save_records", "tune", "tune_task"]
 
 
 def __getattr__(name: str) -> Any:

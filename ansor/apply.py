@@ -69,7 +69,7 @@ def random_inputs(task: SearchTask, seed: int = 0) -> list[np.ndarray]:
     return arrays
 
 
-def run(task: SearchTask, module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
+def run(module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
         device: Optional[tvm.runtime.Device] = None) -> list[np.ndarray]:
     """Run ``module`` on copies of ``arrays``; returns every argument after the call."""
     dev = device or tvm.cpu()
@@ -78,7 +78,7 @@ def run(task: SearchTask, module: tvm.runtime.Module, arrays: Sequence[np.ndarra
     return [t.numpy() for t in tensors]
 
 
-def time_module(task: SearchTask, module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
+def time_module(module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
                 repeat: int = 10, min_repeat_ms: int = 200, device: Optional[tvm.runtime.Device] = None,
                 layouts: Sequence[PackedLayout] = ()) -> float:
     """Median seconds per run, with the CPU cache flushed before each repeat (inputs cold, as in a network).

@@ -80,7 +80,6 @@ class ComputeDAG:
         self.param_buffers = frozenset(self.param_names)
         free = func.attrs.get("layout_free_buffers", ()) if func.attrs is not None else ()
         self.layout_free = frozenset(self.param_names[int(i)] for i in free)
-        self._index = {s.name: i for i, s in enumerate(self.stages)}
 
     # ------------------------------------------------------------------ analysis
     def _analyse(self) -> list[DagStage]:
@@ -158,11 +157,6 @@ class ComputeDAG:
             self.buffer_dtypes[buf.name] = str(buf.dtype)
 
     # ------------------------------------------------------------------ queries
-    def stage_index(self, name: str) -> int:
-        if name not in self._index:
-            raise AnsorError(f"no stage named {name!r}; stages: {', '.join(self._index)}")
-        return self._index[name]
-
     def element_bits(self, buffer: str) -> int:
         """Bits per element of ``buffer``; a buffer a step added (``A_shared``, ``C_local``, ``C_rf``) has
         its source's type, and an unknown one is taken as float32."""
@@ -175,11 +169,6 @@ class ComputeDAG:
     def flop_ct(self) -> float:
         """Floating-point operations of one run (a multiply-add counts 2)."""
         return float(sum(s.flops for s in self.stages))
-
-    def producers(self, stage_id: int) -> list[int]:
-        """Stages whose output this stage reads."""
-        reads = set(self.stages[stage_id].block.read_buffers())
-        return [i for i, s in enumerate(self.stages) if reads & set(s.block.write_buffers())]
 
     def consumers(self, stage_id: int) -> list[int]:
         """Stages that read this stage's output."""
@@ -211,13 +200,6 @@ class ComputeDAG:
                     return False
             cur = nxt
         return True
-
-    def has_single_elementwise_consumer(self, stage_id: int) -> Optional[int]:
-        """The id of the only consumer if it is element-wise matched, else None."""
-        consumers = self.consumers(stage_id)
-        if len(consumers) == 1 and self.elementwise_match(stage_id, consumers[0]):
-            return consumers[0]
-        return None
 
     # ------------------------------------------------------------------ states
     def init_state(self) -> "State":

@@ -6,6 +6,7 @@ at the end keep every message one line long, whatever TVM or a log file put into
 """
 
 import reprlib
+from typing import Optional
 
 
 class AnsorError(Exception):
@@ -36,18 +37,33 @@ _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxstring, _REPR.maxother = 3, 8, 60, 60
 
 
-def short_message(error: BaseException | str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    """What went wrong, on one line of at most ``limit`` characters.
+def short_message(error: BaseException | str, limit: Optional[int] = MAX_MESSAGE_CHARS, *,
+                  pick: str = "first", typed: bool = False) -> str:
+    """What went wrong, in at most ``limit`` characters (``None``: no limit); the one shortening helper.
 
-    The line after TVM's ``Error message:`` when there is one (its schedule errors print the IR first and
-    the reason last), else the first non-blank line; an exception without text is named by its type.
+    ``pick`` says which text: ``"first"``, the line after TVM's ``Error message:`` when there is one (its
+    schedule errors print the IR first and the reason last), else the first non-blank line; ``"last"``, the
+    last non-blank line (what TVM's passes and Relax raise ends with the reason); ``"joined"``, every line
+    joined into one (a script's ``error:`` line); ``"all"``, the whole text, lines and all (a build's error
+    in a log record). ``typed`` puts the exception's type in front. An error without text is named by its
+    type.
     """
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    line = next((ln[len("Error message:"):].strip() for ln in lines if ln.startswith("Error message:")),
-                lines[0] if lines else "")
-    if not line:
+    text = str(error).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if pick == "all":
+        line = text
+    elif pick == "joined":
+        line = " ".join(lines)
+    elif pick == "last":
+        line = lines[-1] if lines else ""
+    else:
+        line = next((ln[len("Error message:"):].strip() for ln in lines if ln.startswith("Error message:")),
+                    lines[0] if lines else "")
+    if typed and isinstance(error, BaseException):
+        line = f"{type(error).__name__}: {line}"
+    elif not line:
         line = type(error).__name__ if isinstance(error, BaseException) else "unknown error"
-    return line if len(line) <= limit else line[:limit] + " ..."
+    return line if limit is None or len(line) <= limit else line[:limit] + " ..."
 
 
 def short_repr(value: object) -> str:

@@ -20,8 +20,8 @@ from typing import Any, Optional
 import tvm
 import tvm_ffi
 
-from .errors import StepError
-from .measure.types import ErrorNo, MeasureResult
+from .errors import StepError, short_message, short_repr
+from .measurement import ErrorNo, MeasureResult
 from .search_task import SearchTask, prim_func_key
 from .target import HardwareParams, parse_target
 from .transform_steps import Step, step_from_json
@@ -87,12 +87,12 @@ def parse_line(raw: bytes, truncated: bool = False) -> dict:
     except RecursionError:  # the C decoder counts nesting against the recursion limit and stops there
         raise CorruptLine("nested too deeply") from None
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
-        raise CorruptLine("truncated line" if truncated else f"not JSON: {first_line(err)}") from None
+        raise CorruptLine("truncated line" if truncated else f"not JSON: {short_message(err, _MAX_REASON)}") from None
     if not isinstance(obj, dict):
         raise CorruptLine(f"a JSON {type(obj).__name__}, not an object")
     version = obj.get("v")
     if version != RECORD_VERSION:
-        raise CorruptLine(f"version {short(version)}, expected {RECORD_VERSION!r}")
+        raise CorruptLine(f"version {short_repr(version)}, expected {RECORD_VERSION!r}")
     return obj
 
 
@@ -110,7 +110,7 @@ def load_prim_func(key: str, text: str) -> tvm.tirx.PrimFunc:
     try:
         return _load_prim_func_cached(text) if len(text) <= _MAX_CACHED_CHARS else _load_prim_func(text)
     except CorruptLine as err:
-        raise CorruptLine(f"workload {short(key)}: cannot load prim_func ({err})") from None
+        raise CorruptLine(f"workload {short_repr(key)}: cannot load prim_func ({err})") from None
 
 
 def _load_prim_func(text: str) -> tvm.tirx.PrimFunc:
@@ -119,13 +119,13 @@ def _load_prim_func(text: str) -> tvm.tirx.PrimFunc:
     except RecursionError:
         raise CorruptLine("nested too deeply") from None
     except ValueError as err:
-        raise CorruptLine(f"not JSON: {first_line(err)}") from None
+        raise CorruptLine(f"not JSON: {short_message(err, _MAX_REASON)}") from None
     try:
         func = load_checked(graph)
     except GraphError as err:
         raise CorruptLine(f"unsafe graph: {err}") from None
     except Exception as err:  # TVM raises several types for graphs it cannot decode
-        raise CorruptLine(f"TVM: {first_line(err)}") from None
+        raise CorruptLine(f"TVM: {short_message(err, _MAX_REASON)}") from None
     if not isinstance(func, tvm.tirx.PrimFunc):
         raise CorruptLine(f"it holds a {type(func).__name__}, not a PrimFunc")
     return func
@@ -219,7 +219,7 @@ class LoadCache:
                 try:
                     step = step_from_json(item)
                 except StepError as err:
-                    raise CorruptLine(first_line(err)) from None
+                    raise CorruptLine(short_message(err, _MAX_REASON)) from None
                 if memo_key is not None:
                     self._steps[memo_key] = step
             out.append(step)
@@ -233,7 +233,7 @@ class LoadCache:
         if wl.key.startswith("prim_func-") and prim_func_key(func) != wl.key:
             # The key of an unnamed program is its structural hash: a program damaged into another one that
             # still loads (a flipped digit) is caught here, before anything schedules it.
-            raise CorruptLine(f"workload {short(wl.key)}: its prim_func is not the program its key names "
+            raise CorruptLine(f"workload {short_repr(wl.key)}: its prim_func is not the program its key names "
                               f"(hash {prim_func_key(func)})")
         known = self._funcs_by_key.setdefault(wl.key, [])
         same = next((f for f in known if tvm_ffi.structural_equal(f, func)), None)
@@ -255,7 +255,7 @@ class LoadCache:
                 try:
                     tgt = self._targets[target] = parse_target(target)
                 except Exception as err:  # TargetError, and whatever TVM raises for a config it refuses
-                    raise CorruptLine(f"target {short(target)}: {first_line(err)}") from None
+                    raise CorruptLine(f"target {short_repr(target)}: {short_message(err, _MAX_REASON)}") from None
             task = self._tasks[ident] = SearchTask(func, tgt, workload_key=key,
                                                    hardware=HardwareParams.from_json(list(hw)), desc=desc)
         return task
@@ -264,7 +264,7 @@ class LoadCache:
 def _check(ok: bool, reason: str, *values: Any) -> None:
     """Raise unless ``ok``; ``reason`` is formatted with ``values`` only then (loading stays fast)."""
     if not ok:
-        raise CorruptLine("wrong shape: " + reason.format(*map(short, values)))
+        raise CorruptLine("wrong shape: " + reason.format(*map(short_repr, values)))
 
 
 def _finite(value: Any) -> bool:
@@ -273,13 +273,3 @@ def _finite(value: Any) -> bool:
         return math.isfinite(value)
     return type(value) is int and -1e300 < value < 1e300
 
-
-def short(value: Any) -> str:
-    """A bounded ``repr`` for messages: log data may be huge or deeply nested."""
-    return _REPR.repr(value)
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    line = text[0] if text else type(err).__name__
-    return line if len(line) <= _MAX_REASON else line[:_MAX_REASON] + "..."

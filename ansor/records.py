@@ -28,7 +28,7 @@ import tvm_ffi
 
 from .errors import RecordError
 from .loop_state import State
-from .measure.types import MeasureInput, MeasureResult
+from .measurement import MeasureInput, MeasureResult
 from .record_parse import (
     RECORD_VERSION, CorruptLine, LoadCache, RecordLine, load_prim_func, parse_line,
     parse_record_line, parse_workload_line, record_json,
@@ -40,8 +40,8 @@ from .transform_steps import Step, steps_to_json
 logger = logging.getLogger("ansor")
 
 __all__ = ["RECORD_VERSION", "MAX_LINE_BYTES", "MAX_LOG_BYTES", "PathLike", "Record", "RecordWriter",
-           "best_record", "best_records", "distill", "distinct_records", "load_records", "log_targets",
-           "measured_keys", "other_targets_message", "save_records", "state_identity"]
+           "best_records", "distill", "distinct_records", "load_records", "log_targets", "other_targets_message",
+           "save_records"]
 
 #: Longest line read (longer ones are skipped with a warning): a workload line of the largest built-in
 #: network's task is ~45 KB, a record ~1 KB.
@@ -50,8 +50,6 @@ MAX_LINE_BYTES = 16 * 2 ** 20
 MAX_LOG_BYTES = 4 * 2 ** 30
 
 PathLike = Union[str, "os.PathLike[str]"]
-#: What identifies a measured program: the workload key and the step list.
-StateIdentity = tuple[str, tuple[Step, ...]]
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -75,19 +73,6 @@ class Record:
     def state(self) -> State:
         """The loop state the steps produce (raises :class:`~ansor.errors.StepError` if they do not fit)."""
         return self.task.compute_dag.init_state().with_steps(self.steps)
-
-
-def state_identity(workload_key: str, state: Union[State, Sequence[Step]]) -> StateIdentity:
-    """Identity of a state for "already measured?" checks: the same step list is the same program."""
-    return workload_key, tuple(getattr(state, "steps", state))
-
-
-def measured_keys(records: Iterable[Record]) -> set[StateIdentity]:
-    """Identities of every state in ``records`` (failed ones too: they would fail again).
-
-    Filter the records by target first (``load_records(..., target=...)``) when a log mixes targets.
-    """
-    return {state_identity(r.workload_key, r.steps) for r in records}
 
 
 def distinct_records(records: Iterable[Record]) -> list[Record]:
@@ -115,12 +100,6 @@ def best_records(records: Iterable[Record]) -> dict[str, Record]:
         if cur is None or rec.result.mean_cost < cur.result.mean_cost:
             best[rec.workload_key] = rec
     return best
-
-
-def best_record(path: PathLike, workload_key: str,
-                target: Union[str, tvm.target.Target, None] = None) -> Optional[Record]:
-    """The best valid record of one workload in a log, or ``None`` if it has none."""
-    return best_records(load_records(path, workload_key=workload_key, target=target)).get(workload_key)
 
 
 def log_targets(path: PathLike, workload_keys: Optional[Collection[str]] = None) -> Counter[str]:

@@ -18,8 +18,6 @@ from .target import HardwareParams, hardware_params, parse_target, target_to_str
 
 if TYPE_CHECKING:
     from .database import Database
-    from .records import Record
-    from .tuning import TuneResult, TuningOptions
 
 #: Anything :func:`ansor.target.parse_target` accepts.
 TargetLike = Union[str, dict, tvm.target.Target, None]
@@ -79,44 +77,6 @@ class SearchTask:
     @property
     def target_str(self) -> str:
         return target_to_str(self.target)
-
-    # -- the auto_scheduler workflow (the tuning loop lives in the layer above: imported on use)
-    def tune(self, options: Optional["TuningOptions"] = None, log_file: Union[str, os.PathLike, None] = None, *,
-             database: Union["Database", str, os.PathLike, None] = None, resume: bool = True) -> "TuneResult":
-        """Tune this task (see :func:`ansor.tuning.tune_task`): every measurement appended to ``log_file``."""
-        from .tuning import tune_task
-        return tune_task(self, options, log_file, database=database, resume=resume)
-
-    def best_record(self, log_file: LogSource) -> "Record":
-        """The fastest valid record of this task and target in a log, several logs or a database.
-
-        Raises
-        ------
-        RecordError
-            If a log is missing or unreadable, or holds no valid record of this task for this target.
-        """
-        from .database import log_paths
-        from .errors import RecordError
-        from .records import best_records, load_records
-        paths = log_paths(log_file)
-        best = best_records(load_records(paths, workload_key=self.workload_key, target=self.target))
-        if self.workload_key not in best:
-            where = ", ".join(str(p) for p in paths) or "an empty database"
-            raise RecordError(f"{where}: no valid record of {self.workload_key} for target {self.target_str}")
-        return best[self.workload_key]
-
-    def apply_best(self, log_file: LogSource) -> tvm.IRModule:
-        """The scheduled IRModule (``mod["main"]``) of the best record of this task in ``log_file``."""
-        return self.compute_dag.replay(self.best_record(log_file).steps).mod
-
-    def print_best(self, log_file: LogSource, print_mode: str = "schedule") -> str:
-        """The best schedule as code: ``schedule``: the ``tvm.s_tir.Schedule`` primitives as Python;
-        ``tir``: the scheduled PrimFunc as TVMScript."""
-        if print_mode not in ("schedule", "tir"):
-            from .errors import AnsorError
-            raise AnsorError(f"unknown print_mode {print_mode!r}; valid: 'schedule', 'tir'")
-        sch = self.compute_dag.replay(self.best_record(log_file).steps)
-        return str(sch.trace) if print_mode == "schedule" else sch.mod["main"].script()
 
     def __getstate__(self) -> dict:
         # TVM objects travel as text so a task can be shipped to Ray workers and stored in logs.

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import psutil
 import tvm
 
-from .errors import TargetError
+from .errors import TargetError, short_message
 
 TARGET_EXAMPLES = ('host', 'llvm', 'llvm -mcpu=znver5 -num-cores=2', 'cuda -arch=sm_80',
                    '\'{"kind": "llvm", "mcpu": "znver4", "num-cores": 2}\'')
@@ -65,8 +65,8 @@ def parse_target(text: Union[str, dict, tvm.target.Target, None]) -> tvm.target.
     try:
         return tvm.target.Target(config)
     except Exception as err:  # TVM raises ValueError/RuntimeError with a long trace
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise TargetError(f"bad target {text!r}: {reason}; examples: {', '.join(TARGET_EXAMPLES)}") from None
+        raise TargetError(f"bad target {text!r}: {short_message(err, None)}; "
+                          f"examples: {', '.join(TARGET_EXAMPLES)}") from None
 
 
 def _check_mcpu(text: Any, config: dict[str, Any]) -> None:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, U
 
 from .errors import AnsorError, StepError
 from .loop_state import State
-from .measure.types import MeasureInput, MeasureResult, program_results
+from .measure.callbacks import MeasureCallback
+from .measurement import MeasureInput, MeasureResult, program_results
 from .records import (
     Record, RecordWriter, best_records, distinct_records, load_records, other_targets_message,
 )
@@ -28,23 +29,16 @@ from .search_task import SearchTask, TargetLike
 from .sketch.policy import SearchParams, SketchPolicy
 
 if TYPE_CHECKING:
+    from .cost_model.cost_model import CostModel
     from .database import Database
 
 logger = logging.getLogger("ansor")
 
 
 class Measurer(Protocol):
+    """What the tuning loop measures with (:class:`~ansor.measure.measurer.ProgramMeasurer`, or the caller's)."""
+
     def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]: ...
-
-
-class CostModel(Protocol):
-    def update(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None: ...
-
-    def predict(self, task: SearchTask, states: Sequence[State]): ...
-
-
-#: A measure callback: called with ``([input], [result])`` for every candidate as soon as it finishes.
-MeasureCallback = Callable[[Sequence[MeasureInput], Sequence[MeasureResult]], None]
 
 
 @dataclass(frozen=True)
@@ -245,6 +239,35 @@ def feed_history(task: SearchTask, records: Sequence[Record], policy: SketchPoli
     return History(len(inputs), best_cost, best_state)
 
 
+@dataclass
+class Round:
+    """One round of one task: what was proposed and measured, and the seconds each part took."""
+
+    inputs: list[MeasureInput]
+    results: list[MeasureResult]
+    search_s: float
+    measure_s: float
+    train_s: float
+
+
+def measure_round(task: SearchTask, policy: SketchPolicy, model: CostModel,
+                  measure: Callable[[list[MeasureInput]], list[MeasureResult]], n: int) -> Optional[Round]:
+    """Propose up to ``n`` programs of ``task``, measure them, and teach the policy and the model the results;
+    ``None`` when the search space is exhausted (nothing measured). The one round of every tuning loop."""
+    t0 = time.perf_counter()
+    states = policy.next_batch(n)
+    t1 = time.perf_counter()
+    if not states:
+        return None
+    inputs = [MeasureInput(task, s) for s in states]
+    results = measure(inputs)
+    t2 = time.perf_counter()
+    learned = program_results(inputs, results)  # an infrastructure failure may be proposed again
+    policy.record(*learned)
+    model.update(*learned)
+    return Round(inputs, results, t1 - t0, t2 - t1, time.perf_counter() - t2)
+
+
 def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, measurer: Optional[Measurer] = None,
                   model: Optional[CostModel] = None, resume_from: Optional[str] = None,
                   on_round: Optional[Callable[[RoundReport], None]] = None,
@@ -279,6 +302,13 @@ def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, mea
         if on_resume:
             on_resume(resumed)
     own = None
+
+    def measure(inputs: list[MeasureInput]) -> list[MeasureResult]:
+        nonlocal measurer, own
+        if measurer is None:  # made when a round first needs it: a spent budget never starts Ray
+            measurer = own = make_measurer(options)
+        return measurer.measure(inputs)
+
     try:
         trials, since_best = resumed, 0
         reports: list[RoundReport] = []
@@ -287,22 +317,12 @@ def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, mea
                 logger.info("early stop: no improvement in %d trials", since_best)
                 break
             n = min(options.num_measures_per_round, options.num_measure_trials - trials)
-            t0 = time.perf_counter()
-            states = policy.next_batch(n)
-            t1 = time.perf_counter()
-            if not states:
+            rnd = measure_round(task, policy, model, measure, n)
+            if rnd is None:
                 logger.info("search space exhausted after %d trials", trials)
                 break
-            if measurer is None:
-                measurer = own = make_measurer(options)
-            inputs = [MeasureInput(task, s) for s in states]
-            results = measurer.measure(inputs)
-            t2 = time.perf_counter()
-            policy.record(*program_results(inputs, results))  # an infrastructure failure may be proposed again
-            model.update(*program_results(inputs, results))
-            t3 = time.perf_counter()
             errors = 0
-            for inp, res in zip(inputs, results):
+            for inp, res in zip(rnd.inputs, rnd.results):
                 trials += 1
                 if not res.ok:
                     errors += 1
@@ -311,7 +331,7 @@ def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, mea
                     best_cost, best_state, since_best = res.mean_cost, inp.state, 0
                 else:
                     since_best += 1
-            report = RoundReport(trials, best_cost, errors, t1 - t0, t2 - t1, t3 - t2)
+            report = RoundReport(trials, best_cost, errors, rnd.search_s, rnd.measure_s, rnd.train_s)
             reports.append(report)
             if on_round:
                 on_round(report)
@@ -327,7 +347,7 @@ def tune_task(task: SearchTask, options: Optional[TuningOptions] = None,
               resume: bool = True, measurer: Optional[Measurer] = None,
               on_round: Optional[Callable[[RoundReport], None]] = None,
               on_resume: Optional[Callable[[int], None]] = None) -> TuneResult:
-    """Tune ``task`` into ``log_file``: the whole workflow behind :meth:`SearchTask.tune` and :func:`tune`.
+    """Tune ``task`` into ``log_file``: the whole workflow behind :func:`tune`.
 
     Parameters
     ----------
@@ -418,7 +438,7 @@ def tune(func: Any, target: TargetLike = None, trials: Optional[int] = None,
     :class:`SearchTask`; ``trials`` (default 64) overrides ``options.num_measure_trials``. Measurement,
     timing and cost model are the scripts' (:class:`TuningOptions` defaults). Returns a
     :class:`TuneResult`: ``best_state``, ``best_cost`` (seconds), ``log_file``; apply it with
-    ``result.task.apply_best(result.log_file)``. See :func:`tune_task` for ``database`` and ``resume``.
+    ``ansor.apply_best(result.task, result.log_file)``. See :func:`tune_task` for ``database`` and ``resume``.
     """
     task = as_task(func, target, workload_key)
     options = options or TuningOptions()

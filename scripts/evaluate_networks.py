@@ -36,7 +36,7 @@ TORCH = "PyTorch eager"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from ansor.cli import add_network_args
+    from ansor.cli.networks import add_network_args
 
     parser = argparse.ArgumentParser(
         prog="evaluate_networks.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,17 +59,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from ansor.cli import run_main, setup_logging
+    from ansor.cli.running import run_main
 
-    setup_logging(args.verbose)
     return run_main(run, args)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ansor.cli import (
-        check_log_file, check_positive, evaluate_network, format_table, log_target, network_for_log,
-        parse_target_and_threads,
-    )
+    from ansor.cli.evaluation import evaluate_network
+    from ansor.cli.logs import check_log_file
+    from ansor.cli.networks import network_for_log
+    from ansor.cli.running import check_positive
+    from ansor.cli.targets import log_target, parse_target_and_threads
+    from ansor.tables import format_table
     from ansor.networks import extract
 
     check_positive("--repeat", args.repeat, "10")

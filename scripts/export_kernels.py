@@ -48,13 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from ansor.cli import run_main, setup_logging
-    setup_logging(args.verbose)
+    from ansor.cli.running import run_main
+
     return run_main(run, args)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ansor.cli import check_log_file
+    from ansor.cli.logs import check_log_file
     from ansor.errors import RecordError
     from ansor.records import load_records
 

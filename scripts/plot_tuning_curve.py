@@ -31,7 +31,7 @@ LEGEND_TASKS = 10
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from ansor.cli import add_network_args
+    from ansor.cli.networks import add_network_args
 
     parser = argparse.ArgumentParser(
         prog="plot_tuning_curve.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,9 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from ansor.cli import run_main, setup_logging
+    from ansor.cli.running import run_main
 
-    setup_logging(args.verbose)
     return run_main(run, args)
 
 
@@ -96,7 +95,9 @@ def curves(log: Path, extraction, target) -> Curves:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ansor.cli import check_log_file, log_target, network_for_log, parse_target_and_threads
+    from ansor.cli.logs import check_log_file
+    from ansor.cli.networks import network_for_log
+    from ansor.cli.targets import log_target, parse_target_and_threads
     from ansor.errors import AnsorError
 
     log = Path(args.log)

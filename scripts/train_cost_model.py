@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ansor_logger = logging.getLogger("ansor")
     if not args.verbose:
         ansor_logger.addFilter(limiter)
-    from ansor.cli import run_main
+    from ansor.cli.running import run_main
 
     try:
         return run_main(run, args)

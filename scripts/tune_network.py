@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from ansor.cli import add_network_args
+    from ansor.cli.networks import add_network_args
 
     parser = argparse.ArgumentParser(
         prog="tune_network.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,35 +89,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from ansor.cli import run_main, setup_logging
-
-    setup_logging(args.verbose)
-    state: dict = {}
-
-    def interrupted() -> str:
-        log = state.get("log_file")
-        if log is None:
-            return "interrupted"
-        return f"interrupted: finished measurements are in {log}; rerun with --resume"
-
-    return run_main(lambda a: run(a, state), args, interrupted)
+    from ansor.cli.running import run_tuning_main
+    return run_tuning_main(run, args)
 
 
-def run(args: argparse.Namespace, state: dict) -> int:
-    from ansor.cli import (
-        check_log_file, check_positive, check_seed, load_network, log_name, open_database, parse_target_and_threads,
-    )
+def run(args: argparse.Namespace, log) -> int:
+    from ansor.cli.logs import check_log_file, log_name
+    from ansor.cli.networks import load_network
+    from ansor.cli.options import check_tuning_flags, open_database
+    from ansor.cli.running import check_positive
+    from ansor.cli.targets import parse_target_and_threads
 
-    check_positive("--n-trials", args.n_trials, "64")
-    check_positive("--per-round", args.per_round, "16")
+    check_tuning_flags(args)
     check_positive("--early-stopping", args.early_stopping, "64")
     check_positive("--repeat", args.repeat, "10")
     if args.minutes is not None and not args.minutes > 0:
         from ansor.errors import AnsorError
         raise AnsorError(f"--minutes must be a positive number of minutes, got {args.minutes} "
                          "(example: --minutes 10)")
-    check_positive("--build-memory-gib", args.build_memory_gib, "8")
-    check_seed(args.seed)
     target = parse_target_and_threads(args.target, args.ray_address)  # sets TVM_NUM_THREADS first
     net = load_network(args.network, args.onnx, args.batch_size)
     database = open_database(args.database)
@@ -139,14 +127,18 @@ def run(args: argparse.Namespace, state: dict) -> int:
     if not extraction.tasks:
         raise_no_tasks(net)
 
+    from ansor.progress import TaskTable
+
     table = TaskTable(extraction.tasks, args.n_trials)
     logs = [log_file, *(database.logs(exclude=[log_file]) if database else [])]
     if not args.eval_only:
-        state["log_file"] = log_file
+        log.path = log_file
         tune(args, extraction, log_file, database, table)
-        state.pop("log_file")
+        log.path = None
     else:
-        table.load([p for p in logs if p.exists()], target)
+        from ansor.records import distinct_records, load_records
+        existing = [p for p in logs if p.exists()]
+        table.load(distinct_records(load_records(existing, target=target)) if existing else [])
     print("\n".join(table.render(final=True)))
     return report(args, net, extraction, target, [p for p in logs if p.exists()], table)
 
@@ -157,8 +149,8 @@ def raise_no_tasks(net) -> None:
                        "ComputeDAG cannot analyse)")
 
 
-def tune(args: argparse.Namespace, extraction, log_file: Path, database, table: "TaskTable") -> None:
-    from ansor.cli import tuning_options
+def tune(args: argparse.Namespace, extraction, log_file: Path, database, table) -> None:
+    from ansor.cli.options import tuning_options
     from ansor.relax import tune_tasks
 
     if args.resume and not log_file.exists():
@@ -186,16 +178,14 @@ def tune(args: argparse.Namespace, extraction, log_file: Path, database, table: 
     print(f"tuning: {result.total_measured} new trials ({table.resumed} resumed, {table.errors} failed, "
           f"{len(result.reused)} tasks from the database) in {time.time() - table.t0:.1f} s; log: {log_file}",
           file=sys.stderr)
-    if table.unchecked:
-        print(f"note: {table.unchecked} measurements ran without a correctness check (their task's reference "
-              "program failed; marked unchecked in the log)", file=sys.stderr)
-    if table.infra:
-        print(f"note: {table.infra} measurements failed for infrastructure reasons (INFRA_ERROR; measured again "
-              "after --resume)", file=sys.stderr)
+    for note in table.notes():
+        print(note, file=sys.stderr)
 
 
-def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], table: "TaskTable") -> int:
-    from ansor.cli import EXIT_FAILED, evaluate_network, timing_table
+def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], table) -> int:
+    from ansor.cli.evaluation import evaluate_network
+    from ansor.cli.running import EXIT_FAILED
+    from ansor.tables import timing_table
 
     where = ", ".join(map(str, logs)) or "the log"
     if not any(table.trials):
@@ -243,151 +233,6 @@ def pytorch_eager(net, target, repeat: int, tvm_threads: int):
     cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else tvm_threads
     print(f"timing PyTorch eager with {cores} threads ...", file=sys.stderr, flush=True)
     return time_torch(net.name, net.batch_size, threads=cores, repeat=repeat)
-
-
-class TaskTable:
-    """The per-task progress table: name, shape, weight, trials, best latency, and the estimated total.
-
-    On a terminal it is redrawn in place after every measurement, with a tqdm progress line under it. When
-    stderr is a file or a pipe, each round prints one line, and the whole table every 10 rounds.
-    """
-
-    EVERY = 10
-
-    def __init__(self, tasks, n_trials: int, stream=None):
-        self.tasks = list(tasks)
-        self.index = {t.workload_key: i for i, t in enumerate(self.tasks)}
-        self.n_trials = n_trials
-        self.trials = [0] * len(self.tasks)
-        self.best = [float("inf")] * len(self.tasks)  # seconds
-        self.used = self.resumed = self.errors = self.rounds = 0
-        self.unchecked = self.infra = 0  # of this run's measurements (see MeasureResult.checked, .retriable)
-        self.stream = stream or sys.stderr
-        # Redraw in place only on a terminal tall enough for the whole table.
-        self.tty = self.stream.isatty() and len(self.tasks) + 6 < shutil.get_terminal_size((100, 24)).lines
-        self._drawn = 0
-        self._live = False
-        self.t0 = time.time()
-
-    # -- data
-    def load(self, logs: list[Path], target) -> None:
-        """Count the logs' measurements of these tasks (what --eval-only applies); a state measured twice is
-        one trial."""
-        from ansor.records import distinct_records, load_records
-        for rec in distinct_records(load_records(logs, target=target)) if logs else []:
-            i = self.index.get(rec.workload_key)
-            if i is not None:
-                self._add(i, rec.result)
-        self.resumed = self.used
-
-    def add_history(self, resumed: dict, reused: dict) -> None:
-        """Records the run starts from: resumed ones count towards the budget, database ones do not."""
-        for records, counts in ((resumed, True), (reused, False)):
-            for key, recs in records.items():
-                for rec in recs:
-                    self._add(self.index[key], rec.result, counts)
-        self.resumed = self.used
-
-    def measured(self, inputs, results) -> None:
-        """Measure callback: one finished candidate."""
-        for inp, res in zip(inputs, results):
-            i = self.index.get(inp.task.workload_key)
-            if i is not None:
-                self._add(i, res)
-            self.unchecked += not res.checked
-            self.infra += res.retriable
-        if self.tty and self._live:
-            self._draw()
-
-    def round_done(self, rnd) -> None:
-        """Scheduler callback: a round ended."""
-        self.rounds += 1
-        if self.tty:
-            self._draw()
-            return
-        name = self.tasks[rnd.task_index].name
-        print(f"round {self.rounds:4d}  trials {rnd.trials_total:5d}/{self.n_trials}  task {rnd.task_index:3d} "
-              f"{name[:60]:<60}  best {_ms(self.best[rnd.task_index])} ms  estimated total {self.total_text()}  "
-              f"({rnd.seconds:.1f} s)", file=self.stream, flush=True)
-        if self.rounds % self.EVERY == 0:
-            print("\n".join(self.render()), file=self.stream, flush=True)
-
-    def _add(self, i: int, res, counts: bool = True) -> None:
-        self.trials[i] += 1
-        self.used += counts
-        if res.ok:
-            self.best[i] = min(self.best[i], res.mean_cost)
-        else:
-            self.errors += 1
-
-    def total(self) -> tuple[float, int]:
-        """Weighted sum of the best latencies (ms) over the measured tasks, and how many are measured."""
-        done = [i for i, b in enumerate(self.best) if b < float("inf")]
-        return sum(self.tasks[i].weight * self.best[i] for i in done) * 1e3, len(done)
-
-    def total_text(self) -> str:
-        total, done = self.total()
-        if done == len(self.tasks):
-            return f"{total:.3f} ms"
-        return f"- ({done}/{len(self.tasks)} tasks measured)"
-
-    # -- drawing
-    def render(self, final: bool = False) -> list[str]:
-        from ansor.cli import format_table
-
-        rows = []
-        for i, t in enumerate(self.tasks):
-            op, _, shape = t.name.partition(" ")
-            best = self.best[i]
-            gflops = f"{t.task.flop_ct / best / 1e9:.1f}" if best < float("inf") and t.task.flop_ct else "-"
-            rows.append((str(i), op, shape, str(t.weight), str(self.trials[i]), _ms(best), gflops))
-        lines = format_table(("ID", "Task", "Shape", "Weight", "Trials", "Best (ms)", "GFLOPS"), rows,
-                             "><<>>>>")
-        total, done = self.total()
-        if done == len(self.tasks):
-            lines.append(f"Estimated total latency: {total:.3f} ms (sum of weight x best latency)")
-        else:
-            lines.append(f"Estimated total latency: - ({len(self.tasks) - done} of {len(self.tasks)} tasks not "
-                         f"measured yet{f'; measured ones: {total:.3f} ms' if done else ''})")
-        if self.tty and not final:
-            lines.append(self._meter())
-        return lines
-
-    def _meter(self) -> str:
-        from tqdm import tqdm
-        width = shutil.get_terminal_size((100, 24)).columns if self.tty else 100
-        return tqdm.format_meter(min(self.used, self.n_trials), self.n_trials, time.time() - self.t0,
-                                 ncols=width, unit="trial", initial=self.resumed,
-                                 postfix=f"round {self.rounds}, {self.errors} failed")
-
-    def start(self) -> None:
-        self.t0 = time.time()
-        self._live = True
-        if self.tty:
-            self._draw()
-        else:
-            print("\n".join(self.render()), file=self.stream, flush=True)
-
-    def stop(self) -> None:
-        self._live = False
-        if self.tty and self._drawn:  # erase the live table: the final one goes to stdout
-            self.stream.write(f"\x1b[{self._drawn}F\x1b[J")
-            self.stream.flush()
-            self._drawn = 0
-
-    def _draw(self) -> None:
-        lines = self.render()
-        out = []
-        if self._drawn:  # move back to the table's first line and clear below
-            out.append(f"\x1b[{self._drawn}F\x1b[J")
-        out.append("\n".join(lines) + "\n")
-        self.stream.write("".join(out))
-        self.stream.flush()
-        self._drawn = len(lines)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.4f}" if seconds < float("inf") else "-"
 
 
 if __name__ == "__main__":

@@ -60,28 +60,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from ansor.cli import run_main, setup_logging
-
-    setup_logging(args.verbose)
-    state: dict = {}
-
-    def interrupted() -> str:
-        log = state.get("log_file")
-        if log is None:
-            return "interrupted"
-        return f"interrupted: finished measurements are in {log}; rerun with --resume"
-
-    return run_main(lambda a: run(a, state), args, interrupted)
+    from ansor.cli.running import run_tuning_main
+    return run_tuning_main(run, args)
 
 
-def run(args: argparse.Namespace, state: dict) -> int:
-    from ansor.cli import (EXIT_FAILED, check_log_file, check_positive, check_seed, open_database,
-                           parse_target_and_threads, tuning_options)
+def run(args: argparse.Namespace, log) -> int:
+    from ansor.cli.logs import check_log_file
+    from ansor.cli.options import check_tuning_flags, open_database, tuning_options
+    from ansor.cli.running import EXIT_FAILED
+    from ansor.cli.targets import parse_target_and_threads
 
-    check_positive("--n-trials", args.n_trials, "64")
-    check_positive("--per-round", args.per_round, "16")
-    check_seed(args.seed)
-    check_positive("--build-memory-gib", args.build_memory_gib, "8")
+    check_tuning_flags(args)
     # TVM sizes its thread pool once, from TVM_NUM_THREADS: set it before any kernel runs in this process.
     target = parse_target_and_threads(args.target, args.ray_address)
 
@@ -94,37 +83,18 @@ def run(args: argparse.Namespace, state: dict) -> int:
     if args.resume and not log_file.exists():
         print(f"note: {log_file} does not exist yet; starting a fresh log", file=sys.stderr)
 
-    from ansor.measure.types import MeasureInput, MeasureResult
-    from tqdm import tqdm
-
-    stats = {"best": float("inf"), "errors": 0, "unchecked": 0, "infra": 0}
-
-    def progress(inputs: list[MeasureInput], results: list[MeasureResult]) -> None:
-        for res in results:
-            if res.ok:
-                stats["best"] = min(stats["best"], res.mean_cost)
-            else:
-                stats["errors"] += 1
-            stats["unchecked"] += not res.checked
-            stats["infra"] += res.retriable
-        best = task.flop_ct / stats["best"] / 1e9 if stats["best"] < float("inf") else 0.0
-        bar.set_postfix_str(f"best {best:.1f} GFLOPS, errors {stats['errors']}")
-        bar.update(len(results))
+    from ansor.progress import TrialBar
 
     t0 = time.time()
-    state["log_file"] = log_file
+    log.path = log_file
     # The library's log writer, then the progress bar, see each candidate the moment it finishes.
-    with tqdm(total=args.n_trials, unit="trial", desc=task.workload_key, dynamic_ncols=True) as bar:
-        result = tune_task(task, tuning_options(args, [progress]), log_file, database=database,
-                           resume=args.resume, on_resume=lambda n: bar.update(min(n, args.n_trials)))
-    state.pop("log_file")
+    with TrialBar(task, args.n_trials) as bar:
+        result = tune_task(task, tuning_options(args, [bar.measured]), log_file, database=database,
+                           resume=args.resume, on_resume=bar.resumed_from)
+    log.path = None
     wall = time.time() - t0
-    for count, what in ((stats["unchecked"], "ran without a correctness check (the reference program failed; "
-                                             "marked unchecked in the log)"),
-                        (stats["infra"], "failed for infrastructure reasons (INFRA_ERROR; measured again after "
-                                         "--resume)")):
-        if count:
-            print(f"note: {count} of this run's measurements {what}", file=sys.stderr)
+    for note in bar.notes():
+        print(note, file=sys.stderr)
     if result.best_state is None:
         print(f"no valid program found in {result.trials} trials (see {log_file})", file=sys.stderr)
         return EXIT_FAILED
@@ -142,7 +112,7 @@ def report_best(task, state, tuned_cost: float) -> int:
     import tvm
 
     from ansor import apply
-    from ansor.cli import EXIT_FAILED
+    from ansor.cli.running import EXIT_FAILED
     from ansor.measure.check import compare_outputs
     from ansor.target import is_gpu
     from ansor.workloads import get_workload
@@ -158,13 +128,13 @@ def report_best(task, state, tuned_cost: float) -> int:
         return 0
     module = apply.build(task, state)
     args = apply.random_inputs(task, seed=1)
-    got = apply.run(task, module, args, device=device)
+    got = apply.run(module, args, device=device)
     expected = get_workload(task.workload_key).reference(args[: len(args) - 1])
     mismatch = compare_outputs(got[-1:], expected[-1:])
     if mismatch:
         print(f"error: the best program's output differs from numpy's: {mismatch}", file=sys.stderr)
         return EXIT_FAILED
-    cost = apply.time_module(task, module, args, device=device)
+    cost = apply.time_module(module, args, device=device)
     threads = "" if is_gpu(task.target) else f"; TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}"
     print(f"Best program: {task.flop_ct / cost / 1e9:.2f} GFLOPS  cost: {cost * 1e3:.3f} ms  "
           f"(checked against numpy{threads})")

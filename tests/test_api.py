@@ -1,4 +1,4 @@
-"""The Python API for one program: ansor.tune, SearchTask.tune/apply_best/print_best, options, database.
+"""The Python API for one program: ansor.tune, tune_task, apply_best/print_best, options, database.
 
 Real tuning on one local Ray shared by the module, with a 32x32x32 matmul and a handful of trials.
 """
@@ -49,7 +49,7 @@ def test_tune_te_compute_in_one_call(tuned):
 def test_apply_best_and_print_best(tuned):
     log, result, _ = tuned
     task = result.task
-    mod = task.apply_best(log)
+    mod = ansor.apply_best(task, log)
     assert isinstance(mod, tvm.IRModule)
     fn = tvm.compile(mod, target=task.target)
     rng = np.random.default_rng(0)
@@ -57,11 +57,11 @@ def test_apply_best_and_print_best(tuned):
     out = tvm.runtime.tensor(np.zeros((32, 32), "float32"))
     fn["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
     np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
-    code = task.print_best(log)
+    code = ansor.print_best(task, log)
     assert "sch.get_sblock" in code or "sch.split" in code, code
-    assert "T.prim_func" in task.print_best(log, print_mode="tir")
+    assert "T.prim_func" in ansor.print_best(task, log, print_mode="tir")
     with pytest.raises(ansor.AnsorError, match="valid: 'schedule', 'tir'"):
-        task.print_best(log, print_mode="te")
+        ansor.print_best(task, log, print_mode="te")
 
 
 def test_rerun_resumes_and_a_spent_budget_measures_nothing(tuned, tmp_path):
@@ -81,13 +81,13 @@ def test_search_task_tune_in_auto_scheduler_vocabulary(tuned):
     log, result, _ = tuned
     task = ansor.SearchTask(te.create_prim_func(matmul()), TARGET)
     assert task.workload_key == result.task.workload_key  # the same program is the same task
-    again = task.tune(ansor.TuningOptions(num_measure_trials=4, early_stopping=2), log_file=log)
+    again = ansor.tune_task(task, ansor.TuningOptions(num_measure_trials=4, early_stopping=2), log_file=log)
     assert again.task is task and again.measured == 0 and again.best_cost == result.best_cost
-    assert isinstance(task.apply_best(log), tvm.IRModule)
+    assert isinstance(ansor.apply_best(task, log), tvm.IRModule)
 
 
 def test_scripts_and_api_share_one_timing_definition(local_ray):
-    from ansor.cli import tuning_options
+    from ansor.cli.options import tuning_options
     from ansor.tuning import make_measurer
 
     args = argparse.Namespace(n_trials=8, per_round=4, seed=0, ray_address=None, cost_model="xgb", load_model=None)

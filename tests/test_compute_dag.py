@@ -12,12 +12,25 @@ def dag(name: str) -> ComputeDAG:
     return SearchTask.from_workload(name).compute_dag
 
 
+def producers(d: ComputeDAG, stage_id: int) -> list[int]:
+    """Stages whose output stage ``stage_id`` reads."""
+    reads = set(d.stages[stage_id].block.read_buffers())
+    return [i for i, s in enumerate(d.stages) if reads & set(s.block.write_buffers())]
+
+
+def single_elementwise_consumer(d: ComputeDAG, stage_id: int):
+    """The id of the only consumer of the stage if it is element-wise matched, else None."""
+    consumers = d.consumers(stage_id)
+    return consumers[0] if len(consumers) == 1 and d.elementwise_match(stage_id, consumers[0]) else None
+
+
 def test_matmul_512_flops_and_stages():
     d = dag("matmul-512")
     assert d.flop_ct == 2 * 512 ** 3
     assert [s.name for s in d.stages] == ["C"]
     c = d.stages[0]
-    assert [(v.kind, v.extent) for v in c.block.vars] == [(IterKind.SPATIAL, 512), (IterKind.SPATIAL, 512), (IterKind.REDUCE, 512)]
+    spatial, reduce = IterKind.SPATIAL, IterKind.REDUCE
+    assert [(v.kind, v.extent) for v in c.block.vars] == [(spatial, 512), (spatial, 512), (reduce, 512)]
     assert c.is_output and c.is_reduction and c.needs_multi_level_tiling and not c.strictly_inlineable
 
 
@@ -27,7 +40,7 @@ def test_conv2d_nhwc_flops_and_padding():
     pad, conv = d.stages
     assert pad.has_branch and not pad.strictly_inlineable  # if_then_else: Ansor never force-inlines it
     assert conv.needs_multi_level_tiling and conv.is_output
-    assert d.producers(1) == [0] and d.consumers(0) == [1]
+    assert producers(d, 1) == [0] and d.consumers(0) == [1]
 
 
 def test_conv_bias_relu_predicates():
@@ -37,7 +50,7 @@ def test_conv_bias_relu_predicates():
     pad, conv, bias, relu = d.stages
     assert bias.strictly_inlineable and not bias.needs_multi_level_tiling  # broadcast bias is no data reuse
     assert not relu.strictly_inlineable and relu.is_output
-    assert d.has_single_elementwise_consumer(1) == 2
+    assert single_elementwise_consumer(d, 1) == 2
     assert d.elementwise_match(1, 3)  # conv -> bias -> relu, element-wise all the way
     assert not d.elementwise_match(0, 1)  # pad feeds a conv window, not an element
     n_out = 14 * 14 * 32
@@ -56,7 +69,7 @@ def test_softmax_predicates_and_flops():
 
 def test_matmul_relu_elementwise_match():
     d = dag("matmul-relu-64")
-    assert d.has_single_elementwise_consumer(0) == 1
+    assert single_elementwise_consumer(d, 0) == 1
     assert not d.stages[0].is_output and d.stages[1].is_output
 
 

@@ -27,7 +27,7 @@ from ansor.cost_model.objective import Packs, PackSumPairwise, PackSumSquaredErr
 from ansor.cost_model.training import (evaluate, load_training_records, split_by_program,
                                        train_from_logs)
 from ansor.errors import RecordError
-from ansor.measure.types import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
 from ansor.records import RecordWriter
 from ansor.search_task import SearchTask
 
@@ -149,8 +149,7 @@ def test_state_features_of_a_known_nest(target, lanes):
 
 def test_state_features_of_gpu_programs_show_thread_bindings():
     import random
-    from ansor.sketch.annotation import sample_initial_population
-    from ansor.sketch.rules import generate_sketches
+    from ansor.sketch.search_space import generate_sketches, sample_initial_population
     gpu = SearchTask.from_workload("matmul-512", target="cuda -arch=sm_80")
     states = sample_initial_population(gpu, generate_sketches(gpu), 20, random.Random(0), exclude=set())
     feats = StateFeatureExtractor().extract(gpu, states)

@@ -4,7 +4,7 @@ import pytest
 
 import ansor
 from ansor.errors import RecordError
-from ansor.measure.types import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
 from ansor.records import RecordWriter, load_records
 
 CPU2 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # explicit: records are keyed by the target string
@@ -66,10 +66,10 @@ def test_distill_keeps_the_best_per_task_and_target(db, tmp_path):
 
 def test_search_task_reads_a_database(db):
     task = ansor.SearchTask.from_workload("matmul-64", CPU2)
-    assert task.best_record(db).result.mean_cost == 5e-4
-    assert "T.prim_func" in task.print_best(db, print_mode="tir")
+    assert ansor.best_record(task, db).result.mean_cost == 5e-4
+    assert "T.prim_func" in ansor.print_best(task, db, print_mode="tir")
     with pytest.raises(RecordError, match="no valid record of matmul-32 for target"):
-        ansor.SearchTask.from_workload("matmul-32", CPU4).best_record(db)
+        ansor.best_record(ansor.SearchTask.from_workload("matmul-32", CPU4), db)
 
 
 def test_a_file_is_not_a_database(tmp_path):

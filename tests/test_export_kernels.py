@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from ansor import apply
-from ansor.measure.types import ErrorNo, MeasureResult
+from ansor.measurement import ErrorNo, MeasureResult
 from ansor.records import RecordWriter
 from ansor.search_task import SearchTask
-from ansor.sketch.annotation import sample_initial_population
-from ansor.sketch.rules import generate_sketches
+from ansor.sketch.search_space import generate_sketches, sample_initial_population
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "export_kernels.py"
@@ -35,7 +34,7 @@ def cpu_log(tmp_path_factory):
     with RecordWriter(path) as writer:
         for state in states:
             args = apply.random_inputs(task)
-            cost = apply.time_module(task, apply.build(task, state), args, repeat=3, min_repeat_ms=5)
+            cost = apply.time_module(apply.build(task, state), args, repeat=3, min_repeat_ms=5)
             writer.write_record(task, state.steps, MeasureResult((cost,), ErrorNo.NO_ERROR))
         writer.write_record(task, states[0].steps, MeasureResult((1e10,), ErrorNo.RUNTIME_DEVICE, "crashed"))
     return path

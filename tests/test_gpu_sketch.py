@@ -15,13 +15,12 @@ import tvm
 from ansor.loop_nest import AttachKind
 from ansor.cost_model import RandomModel
 from ansor.search_task import SearchTask
-from ansor.sketch.annotation import sample_initial_population
+from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.sketch.evolution import evolutionary_search, mutate_tile_size
 from ansor.sketch.gpu_annotation import fits_gpu, thread_counts
 from ansor.sketch.gpu_rules import has_cross_thread_reduction
 from ansor.sketch.gpu_verify import launch_dims, verify_gpu
 from ansor.sketch.policy import SketchPolicy
-from ansor.sketch.rules import generate_sketches
 
 CUDA = "cuda -arch=sm_80"
 
@@ -180,7 +179,7 @@ def test_tuned_program_runs_correctly_on_a_gpu():
     task = cuda_task("matmul-512")
     state = sample_initial_population(task, generate_sketches(task), 1, random.Random(9))[0]
     args = apply.random_inputs(task, seed=1)
-    got = apply.run(task, apply.build(task, state), args, device=tvm.cuda())
+    got = apply.run(apply.build(task, state), args, device=tvm.cuda())
     np.testing.assert_allclose(got[-1], get_workload("matmul-512").reference(args[:-1])[-1], rtol=1e-3, atol=1e-3)
 
 

@@ -19,7 +19,7 @@ from ansor import records as records_module
 from ansor import tvm_json
 from ansor.cost_model import CostModelError, load_model
 from ansor.errors import RecordError
-from ansor.measure.types import ErrorNo, MeasureInput, MeasureResult
+from ansor.measurement import ErrorNo, MeasureInput, MeasureResult
 from ansor.records import RecordWriter, load_records
 from ansor.search_task import SearchTask
 
@@ -264,7 +264,7 @@ def test_fresh_process_survives_graphs_that_crash_tvm(tmp_path, log_lines):
     foreign.write_text("\n".join(log_lines[:1] + [edit("i.0.1", odd)(line) for line in log_lines[1:]]) + "\n")
     code = textwrap.dedent(f"""
         import json, sys
-        from ansor.cli import log_target
+        from ansor.cli.targets import log_target
         from ansor.errors import RecordError
         from ansor.records import load_records
         from ansor.target import hardware_params, parse_target

@@ -103,7 +103,7 @@ def test_replay_compiles_and_matches_numpy(name):
     module = apply.build(task, state)
     args = apply.random_inputs(task, seed=1)
     expected = get_workload(name).reference(args[: len(args) - 1])
-    got = apply.run(task, module, args)
+    got = apply.run(module, args)
     np.testing.assert_allclose(got[-1], expected[-1], rtol=1e-4, atol=1e-4)
 
 

@@ -83,6 +83,24 @@ def test_a_far_slower_candidate_is_timed_by_one_run(local_ray, matmul128):
         assert [len(r.costs) for r in m.measure([fast, naive])] == [3, 3]
 
 
+def test_the_measurer_is_made_of_the_builder_and_runner_it_is_given(local_ray, matmul128, matmul_inputs):
+    """The caller chooses the parts: here a pool timing one repeat (default 3), a builder counting its jobs."""
+    class CountingBuilder(RayBuilder):
+        jobs = 0
+
+        def build(self, jobs, on_done=None, handles=None):
+            CountingBuilder.jobs += len(jobs)
+            return super().build(jobs, on_done, handles)
+
+    inputs = matmul_inputs(matmul128, 2)
+    pool = RunnerPool(RunConfig(repeat=1, min_repeat_ms=5, slow_factor=float("inf")))
+    with ProgramMeasurer(builder=CountingBuilder(timeout=60), runner=pool, slow_factor=float("inf")) as m:
+        results = m.measure(inputs)
+        assert m.best_costs[next(iter(m.best_costs))] == min(r.costs[0] for r in results)
+    assert all(r.ok and r.checked and len(r.costs) == 1 for r in results), results
+    assert CountingBuilder.jobs == 3  # the two candidates and the task's unscheduled program (the reference)
+
+
 def test_the_local_ray_listens_on_loopback_only(local_ray, matmul128, matmul_inputs):
     """In this process ``ray`` was imported long before the session started, with Ray's variables unset."""
     with ProgramMeasurer(min_repeat_ms=5) as m:

@@ -30,9 +30,9 @@ def test_scaled_outputs_fail_and_reordered_reductions_pass():
     for name in ("softmax-4x1024", "conv2d-nhwc-small", "matmul-128"):
         task = SearchTask.from_workload(name, TARGET)
         args = apply.random_inputs(task)
-        want = apply.run(task, apply.build(task, None), args)
+        want = apply.run(apply.build(task, None), args)
         for state in candidates(task, 4):  # tiled, unrolled, vectorized, rfactor-ed: reductions reordered
-            got = apply.run(task, apply.build(task, state), args)
+            got = apply.run(apply.build(task, state), args)
             assert compare_outputs(got, want) == "", (name, state.steps)
         for factor in (0.5, 1.5):
             scaled = want[:-1] + [want[-1] * np.float32(factor)]
@@ -41,7 +41,7 @@ def test_scaled_outputs_fail_and_reordered_reductions_pass():
     # Why the tolerance must scale: softmax-4x1024 outputs are ~1e-3, and the former fixed tolerance
     # (rtol = atol = 1e-3) took half of them for the real thing.
     softmax = SearchTask.from_workload("softmax-4x1024", TARGET)
-    out = apply.run(softmax, apply.build(softmax, None), apply.random_inputs(softmax))[-1]
+    out = apply.run(apply.build(softmax, None), apply.random_inputs(softmax))[-1]
     assert out.max() < 2e-3 and np.allclose(out * 0.5, out, rtol=1e-3, atol=1e-3)
 
 

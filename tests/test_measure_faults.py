@@ -14,52 +14,20 @@ too (twice: a failed reference is retried on a fresh runner); that disables thei
 a warning) and the candidates then fail as they should.
 """
 
+import sys
 import time
+from pathlib import Path
 
 import psutil
-from tvm.script import tirx as T
 
 from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer
 from ansor.search_task import SearchTask
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+from fault_programs import big_copy, crashing, endless, lying_scan  # noqa: E402  (shared with fault_report.py)
+
 BUILD_TIMEOUT = 4.0
 RUN_TIMEOUT = 3.0
-
-
-@T.prim_func(s_tir=True)
-def endless(A: T.Buffer((16,), "float32"), B: T.Buffer((1,), "float32")):
-    for i, j, k in T.grid(65536, 65536, 65536):
-        with T.sblock("spin"):
-            vi, vj, vk = T.axis.remap("RRR", [i, j, k])
-            with T.init():
-                B[0] = T.float32(0)
-            B[0] = B[0] * T.float32(0.999) + A[vk % 16]
-
-
-@T.prim_func(s_tir=True)
-def crashing(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
-    for i in range(16):
-        with T.sblock("crash"):
-            vi = T.axis.spatial(16, i)
-            B[vi] = A[vi] + T.Cast("float32", T.call_extern("int32", "abort"))
-
-
-@T.prim_func(s_tir=True)
-def lying_scan(A: T.Buffer((1024,), "float32"), B: T.Buffer((1025,), "float32")):
-    for i in range(1024):
-        with T.sblock("scan"):
-            vi = T.axis.spatial(1024, i)
-            T.reads(A[vi])  # the lie: it also reads B[vi], written by the previous iteration
-            T.writes(B[vi + 1])
-            B[vi + 1] = B[vi] + A[vi]
-
-
-@T.prim_func(s_tir=True)
-def big_copy(A: T.Buffer((1048576,), "float32"), B: T.Buffer((1048576,), "float32")):
-    for i in range(1048576):
-        with T.sblock("copy"):
-            vi = T.axis.spatial(1048576, i)
-            B[vi] = A[vi] * T.float32(2)
 
 
 def healthy(task: SearchTask, factor: int) -> MeasureInput:

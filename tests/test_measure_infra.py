@@ -5,16 +5,20 @@ Every fault is real: CPUs really held by another task, a runner process really S
 kernel's OOM killer would), an unrolled loop that really makes TVM allocate past the cap.
 """
 
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import ray
-from tvm.script import tirx as T
 
 from ansor.measure import ErrorNo, MeasureInput, MeasureResult, ProgramMeasurer, program_results
 from ansor.measure.builder import RayBuilder
 from ansor.search_task import SearchTask
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
+from fault_programs import big_copy  # noqa: E402  (shared with scripts/bench/fault_report.py)
 
 
 @ray.remote
@@ -66,14 +70,6 @@ def test_a_runner_killed_mid_run_costs_the_candidate_nothing(local_ray, matmul_i
     thread.join()
     assert killed, "no runner was caught running"
     assert all(r.ok for r in results), [r.error_msg for r in results]
-
-
-@T.prim_func(s_tir=True)
-def big_copy(A: T.Buffer((1048576,), "float32"), B: T.Buffer((1048576,), "float32")):
-    for i in range(1048576):
-        with T.sblock("copy"):
-            vi = T.axis.spatial(1048576, i)
-            B[vi] = A[vi] * T.float32(2)
 
 
 def test_a_build_past_its_memory_cap_fails_saying_so(local_ray):

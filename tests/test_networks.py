@@ -22,14 +22,13 @@ from tvm import relax
 
 from ansor.errors import AnsorError, RecordError
 from ansor.layout_rewrite import packed_layouts
-from ansor.measure.types import MeasureResult
+from ansor.measurement import MeasureResult
 from ansor.networks import (
     Network, NetworkError, TensorSpec, apply_best, apply_history_best, build, check_against_default,
     compare_outputs, extract, extract_tasks, get_network, load_onnx, network_names, schedule_task,
 )
 from ansor.records import RecordWriter
-from ansor.sketch.annotation import sample_initial_population
-from ansor.sketch.rules import generate_sketches
+from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.target import physical_cores
 
 TARGET = {"kind": "llvm", "num-cores": 2}

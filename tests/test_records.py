@@ -17,10 +17,10 @@ import tvm
 import tvm_ffi
 
 from ansor.errors import RecordError
-from ansor.measure.types import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
 from ansor.records import (
-    RECORD_VERSION, Record, RecordWriter, best_record, best_records, distill, distinct_records, load_records,
-    log_targets, measured_keys, other_targets_message, save_records, state_identity,
+    RECORD_VERSION, Record, RecordWriter, best_records, distill, distinct_records, load_records, log_targets,
+    other_targets_message, save_records,
 )
 from ansor.search_task import SearchTask
 
@@ -113,8 +113,7 @@ def test_best_records_ignores_errors_and_uses_mean(tmp_path, task, small_task, s
     assert set(best) == {"matmul-64"}  # no valid record for matmul-32
     assert best["matmul-64"].steps == tuple(states[1].steps)
     assert best["matmul-64"].result.mean_cost == 1.5
-    assert best_record(path, "matmul-64").steps == tuple(states[1].steps)
-    assert best_record(path, "matmul-32") is None
+    assert best_records(load_records(path, workload_key="matmul-32")) == {}
 
 
 def test_fresh_process_replays_best_state_without_registry(tmp_path, task, states):
@@ -131,8 +130,8 @@ def test_fresh_process_replays_best_state_without_registry(tmp_path, task, state
             raise AssertionError("the log must be self-contained")
         ansor.workloads.get_workload = forbidden
         import tvm_ffi
-        from ansor.records import best_record
-        rec = best_record({str(path)!r}, "matmul-64")
+        from ansor.records import best_records, load_records
+        rec = best_records(load_records({str(path)!r}))["matmul-64"]
         mod = rec.task.compute_dag.replay(rec.state).mod
         json.dump({{"hash": tvm_ffi.structural_hash(mod["main"]), "script": mod.script()}}, sys.stdout)
     """)
@@ -201,16 +200,17 @@ def test_filter_by_workload_key_and_target(tmp_path, task, small_task, states):
     assert theirs[0].task.hardware_params != task.hardware_params
 
 
-def test_measured_keys_detect_already_measured_states(tmp_path, task, small_task, states):
+def test_logged_states_keep_their_identity(tmp_path, task, small_task, states):
+    """What resume relies on: a record's steps are its state's key (``State.key``), failed ones included."""
     path = tmp_path / "resume.json"
     write(path, task, states[:4], [ok(1.0), failed(), ok(2.0), ok(3.0)])
-    seen = measured_keys(load_records(path))
+    seen = {(r.workload_key, r.steps) for r in load_records(path)}
     assert len(seen) == 4
     for s in states[:4]:
-        assert state_identity("matmul-64", s) in seen
-        assert state_identity("matmul-64", s.with_steps(s.steps)) in seen  # equal steps, new object
-    assert state_identity("matmul-64", states[4]) not in seen
-    assert state_identity("matmul-32", states[0].steps) not in seen
+        assert ("matmul-64", s.key()) in seen
+        assert ("matmul-64", s.with_steps(s.steps).key()) in seen  # equal steps, new object
+    assert ("matmul-64", states[4].key()) not in seen
+    assert ("matmul-32", tuple(states[0].steps)) not in seen
 
 
 def test_distill_keeps_best_distinct_states(tmp_path, task, small_task, states):

@@ -20,7 +20,7 @@ import pytest
 
 from ansor import records as records_module
 from ansor.cost_model import RandomModel
-from ansor.measure.types import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
 from ansor.records import RecordWriter, load_records
 from ansor.search_task import SearchTask
 from ansor.sketch.policy import SketchPolicy

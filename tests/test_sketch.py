@@ -11,9 +11,10 @@ from ansor.loop_nest import AttachKind
 from ansor.access import IterKind
 from ansor import apply
 from ansor.search_task import SearchTask
-from ansor.sketch.annotation import factorizations, sample_initial_population
+from ansor.sketch.annotation import factorizations
+from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.sketch.evolution import evolutionary_search, mutate_parallel, mutate_tile_size
-from ansor.sketch.rules import Cond, SketchRule, generate_sketches
+from ansor.sketch.rules import Cond, SketchRule
 from ansor.workloads import get_workload
 
 # Sketches and annotation depend on the core count: name it (this CPU's mcpu, so the programs run here).
@@ -100,7 +101,7 @@ def test_random_programs_compute_the_right_answer():
     rng = random.Random(3)
     for state in sample_initial_population(task, generate_sketches(task), 4, rng):
         args = apply.random_inputs(task, seed=2)
-        got = apply.run(task, apply.build(task, state), args)
+        got = apply.run(apply.build(task, state), args)
         np.testing.assert_allclose(got[-1], wl.reference(args[:-1])[-1], rtol=1e-4, atol=1e-4)
 
 
@@ -141,8 +142,8 @@ def test_parallel_mutation_changes_the_parallel_loop_and_stays_valid(wkl):
         changed += 1
     assert changed >= 6
     args = apply.random_inputs(task, seed=2)
-    got = apply.run(task, apply.build(task, child), args)
-    want = apply.run(task, apply.build(task, None), args)
+    got = apply.run(apply.build(task, child), args)
+    want = apply.run(apply.build(task, None), args)
     np.testing.assert_allclose(got[-1], want[-1], rtol=1e-4, atol=1e-4)
 
 

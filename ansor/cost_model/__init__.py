@@ -5,8 +5,9 @@ pack-sum XGBoost model over per-store features (computed from the State by ``Sta
 TVM's C++ ones by ``FeatureExtractor``); ``load_model`` reads any saved model.
 """
 
-from .cost_model import CostModel, CostModelError, RandomModel, load_model
+from .cost_model import CostModel, CostModelError, RandomModel
 from .features import FeatureExtractor
+from .load import load_model
 from .state_features import StateFeatureExtractor
 from .xgb_model import XGBModel, XGBParams
 

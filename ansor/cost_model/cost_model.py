@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import AnsorError
 from ..loop_state import State
-from ..measure.types import MeasureInput, MeasureResult
+from ..measurement import MeasureInput, MeasureResult
 from ..search_task import SearchTask
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -88,23 +88,6 @@ class RandomModel(CostModel):
             return cls(seed=int(header["seed"]))
         except (KeyError, TypeError, ValueError, OverflowError):
             raise CostModelError(f"{path}: damaged random cost model header") from None
-
-
-def load_model(path: PathLike) -> CostModel:
-    """Read any model file written by a :class:`CostModel` (what ``--load-model FILE`` options call).
-
-    Raises
-    ------
-    CostModelError
-        If the file is missing, unreadable, or not a model file of a kind this version knows.
-    """
-    header, arrays = read_model_file(path)
-    if header["kind"] == RandomModel.kind:
-        return RandomModel.from_file(header, arrays, path)
-    if header["kind"] == "xgb":
-        from .xgb_model import XGBModel  # XGBoost is imported only by models that use it
-        return XGBModel.from_file(header, arrays, path)
-    raise CostModelError(f"{path}: unknown cost model kind {reprlib.repr(header['kind'])} (known: random, xgb)")
 
 
 def write_model_file(path: PathLike, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..measure.types import MAX_COST
+from ..measurement import MAX_COST
 from .objective import Packs
 
 

@@ -32,7 +32,7 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.feature_extractor import PerStoreFeature
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
-from ..errors import StepError
+from ..errors import StepError, short_message
 from ..loop_state import State
 from ..search_task import SearchTask
 from ..target import physical_cores
@@ -197,7 +197,7 @@ class FeatureExtractor:
                 try:
                     arrays.append(self._extractor.extract_from(ctx.ctx, [cand])[0])
                 except Exception as err:
-                    logger.debug("features: extraction failed (%s)", str(err).splitlines()[0] if str(err) else err)
+                    logger.debug("features: extraction failed (%s)", short_message(err, None))
                     arrays.append(None)
         self.stats.extract_s += time.perf_counter() - t0
         for k, arr in zip(live, arrays):

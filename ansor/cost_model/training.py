@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 
 from ..errors import RecordError, StepError
-from ..measure.types import MAX_COST, MeasureInput, MeasureResult
+from ..measurement import MAX_COST, MeasureInput, MeasureResult
 from ..records import PathLike, Record, load_records
 from ..target import parse_target, target_to_str
 from .cost_model import CostModel

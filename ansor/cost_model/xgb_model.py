@@ -26,7 +26,7 @@ import numpy as np
 import xgboost as xgb
 
 from ..loop_state import State
-from ..measure.types import MAX_COST, MeasureInput, MeasureResult
+from ..measurement import MAX_COST, MeasureInput, MeasureResult
 from ..search_task import SearchTask
 from ..target import physical_cores
 from .cost_model import CostModel, CostModelError, PathLike, write_model_file

@@ -30,34 +30,26 @@ import tvm
 from tvm.support import cc as tvm_cc
 
 from .. import apply
-from ..errors import StepError
+from ..errors import StepError, short_message
 from ..loop_state import State
+from ..measurement import BuildResult, ErrorNo, error_text
 from ..search_task import SearchTask
 from ..target import is_gpu
 from ..transform_steps import Step
 from .memory_cap import IsolatedBuild, capped, default_cap_bytes, oom_result
 from .ray_session import current_node, node_alive
 from .shipping import TaskHandle, ship, task_key
-from .types import BuildResult, ErrorNo
 
 logger = logging.getLogger("ansor")
 
 DEFAULT_BUILD_TIMEOUT = 15.0
 #: Seconds a submitted build may wait for a worker (queued behind others' work, cold start, TVM import).
 WORKER_START_TIMEOUT = 120.0
-#: Error messages are stored in logs; a TVM trace can be hundreds of lines.
-MAX_ERROR_CHARS = 2000
 #: Submissions of one build whose failures were the infrastructure's before it counts as INFRA_ERROR.
 MAX_INFRA_ATTEMPTS = 2
 
 #: A build job: a task and the state to build, ``None`` for the unscheduled program (the reference).
 BuildJob = tuple[SearchTask, Optional[State]]
-
-
-def short_error(err: BaseException) -> str:
-    """``Type: message``, trimmed to what a log line should carry."""
-    text = f"{type(err).__name__}: {str(err).strip()}"
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + " ..."
 
 
 def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap: Optional[int] = None) -> BuildResult:
@@ -76,9 +68,9 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap:
         state = None if steps is None else task.compute_dag.init_state().with_steps(steps)
         mod, packed = apply.kernel(task, state)
     except StepError as err:
-        return failed(ErrorNo.INSTANTIATION_ERROR, short_error(err))
+        return failed(ErrorNo.INSTANTIATION_ERROR, error_text(err))
     except Exception as err:  # a bug in replay rather than a bad state: keep the trace
-        return failed(ErrorNo.UNKNOWN_ERROR, short_error(err) + "\n" + traceback.format_exc(limit=5))
+        return failed(ErrorNo.UNKNOWN_ERROR, error_text(err) + "\n" + traceback.format_exc(limit=5))
     try:
         executable = tvm.compile(mod, target=task.target)
         with tempfile.TemporaryDirectory(prefix="ansor-build-") as tmp:
@@ -88,7 +80,7 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap:
                 lib = f.read()
     except Exception as err:  # TVM reports lowering/codegen errors as assorted exception types
         code = _compile_error(task)
-        return oom_result(memory_cap, short_error(err), start, code) or failed(code, short_error(err))
+        return oom_result(memory_cap, error_text(err), start, code) or failed(code, error_text(err))
     return BuildResult(lib, int(ErrorNo.NO_ERROR), "", time.time() - start, start, packed=tuple(packed))
 
 
@@ -213,7 +205,7 @@ class RayBuilder:
                 in_flight.pop(gen)
                 pending.appendleft(item.index)
                 return
-            msg = f"builder process died twice: {short_error(err).splitlines()[0]}"
+            msg = f"builder process died twice: {short_message(err, typed=True)}"
             logger.warning("candidate build of %s failed: %s", task.workload_key, msg)
             finish(gen, _failure(_compile_error(task), msg, item.start))
 
@@ -236,11 +228,11 @@ class RayBuilder:
                         crashed(gen, err)
                         continue
                     except (ray.exceptions.RayTaskError, StopIteration) as err:  # a bug of ours, not Ray's
-                        finish(gen, _failure(ErrorNo.UNKNOWN_ERROR, f"build failed: {short_error(err)}",
+                        finish(gen, _failure(ErrorNo.UNKNOWN_ERROR, f"build failed: {error_text(err)}",
                                              item.start))
                         continue
                     except ray.exceptions.RayError as err:  # node lost, killed for memory, object lost ...
-                        retry_or_finish(gen, short_error(err).splitlines()[0])
+                        retry_or_finish(gen, short_message(err, typed=True))
                         continue
                     if item.started:
                         finish(gen, value)

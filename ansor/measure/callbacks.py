@@ -11,7 +11,8 @@ import logging
 import os
 from typing import Protocol, Sequence, Union
 
-from .types import ErrorNo, MeasureInput, MeasureResult
+from ..errors import short_message
+from ..measurement import ErrorNo, MeasureInput, MeasureResult
 
 logger = logging.getLogger("ansor")
 
@@ -53,6 +54,5 @@ class ProgressLogger:
                             res.mean_cost * 1e3, best)
             else:
                 self.errors += 1
-                first_line = res.error_msg.strip().splitlines()[0] if res.error_msg.strip() else ""
                 logger.info("#%d %s: %s %s (%d errors so far)", self.count, key, ErrorNo(res.error_no).name,
-                            first_line[:200], self.errors)
+                            short_message(res.error_msg, 200) if res.error_msg.strip() else "", self.errors)

@@ -1,5 +1,9 @@
 """ProgramMeasurer: the one entry point the search calls to measure a batch of candidates.
 
+A measurer is a builder and a runner (:class:`ProgramBuilder`, :class:`ProgramRunner`), Ray's by default
+(:class:`~ansor.measure.builder.RayBuilder`, :class:`~ansor.measure.runner_pool.RunnerPool`); a caller
+may give others, e.g. a remote runner or a test double.
+
 A batch goes through two phases. Build: every candidate (and, once per task, the unscheduled program whose
 output is the correctness reference) compiles in parallel on all CPUs of the cluster. Run: each node's CPUs
 are reserved, the references are computed once, then every built candidate is checked and timed, one at a
@@ -19,21 +23,21 @@ import logging
 import math
 from contextlib import nullcontext
 from dataclasses import replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, ContextManager, Iterable, Optional, Protocol, Sequence
 
 import ray
 
-from ..errors import AnsorError
+from ..errors import AnsorError, short_message
+from ..measurement import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
 from ..search_task import SearchTask
 from ..target import is_gpu
-from .builder import DEFAULT_BUILD_TIMEOUT, RayBuilder
+from .builder import DEFAULT_BUILD_TIMEOUT, BuildJob, RayBuilder
 from .callbacks import MeasureCallback
 from .host_lock import HostLock, host_lock_path
 from .ray_session import RaySession
 from .runner import RunConfig, RunReply
-from .runner_pool import MAX_CRASHES, RunJob, RunnerPool
+from .runner_pool import MAX_CRASHES, Bar, RunJob, RunnerPool
 from .shipping import TaskHandle, ship, task_key
-from .types import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
 
 logger = logging.getLogger("ansor")
 
@@ -43,6 +47,38 @@ DEFAULT_REFERENCE_TIMEOUT = 60.0
 #: Runs of a task's reference before its candidates are measured unchecked.
 REFERENCE_ATTEMPTS = 2
 _DEFAULT_LOCK = "default"
+
+Done = Callable[[RunJob, RunReply], None]
+
+
+class ProgramBuilder(Protocol):
+    """Compiles candidates (and, with ``state`` None, a task's unscheduled program) into loadable libraries."""
+
+    def build(self, jobs: Sequence[BuildJob], on_done: Callable[[int, BuildResult], None],
+              handles: dict[str, TaskHandle]) -> list[BuildResult]:
+        """Every job's result, in job order; ``on_done(index, result)`` as each finishes."""
+
+
+class ProgramRunner(Protocol):
+    """Checks and times built candidates on the devices of the cluster."""
+
+    def prepare(self, specs: Iterable[tuple[str, int]]) -> None:
+        """Get ready for jobs of these (device, threads) kinds, without waiting (it overlaps the builds)."""
+
+    def devices(self) -> set[str]:
+        """Device kinds ("cpu", "gpu") it can run on."""
+
+    def reserve(self) -> ContextManager[None]:
+        """Keep builds off the CPUs that time candidates while the block runs."""
+
+    def run(self, jobs: Iterable[RunJob], on_done: Done, bar: Bar) -> None:
+        """Check and time every job (see :meth:`RunnerPool.run`); ``on_done`` once per job."""
+
+    def run_references(self, jobs: Iterable[RunJob], on_done: Done, fresh: bool = False) -> None:
+        """Run each job's program once for its outputs; ``on_done`` once per job."""
+
+    def close(self) -> None:
+        """Release what it holds."""
 
 
 class ProgramMeasurer:
@@ -72,6 +108,9 @@ class ProgramMeasurer:
         a joined cluster's nodes are other machines.
     callbacks
         Called with ``([input], [result])`` for every candidate as it finishes.
+    builder, runner
+        Replace the Ray builder (``build_timeout``, ``build_memory_gib``) or the runner pool (the timing
+        parameters) by others; the measurer closes the runner.
     """
 
     def __init__(self, ray_address: Optional[str] = None, *, build_timeout: float = DEFAULT_BUILD_TIMEOUT,
@@ -81,18 +120,23 @@ class ProgramMeasurer:
                  reference_timeout: float = DEFAULT_REFERENCE_TIMEOUT,
                  build_memory_gib: Optional[float] = None,
                  host_lock: Optional[str] = _DEFAULT_LOCK,
-                 callbacks: Sequence[MeasureCallback] = ()):
+                 callbacks: Sequence[MeasureCallback] = (),
+                 builder: Optional[ProgramBuilder] = None, runner: Optional[ProgramRunner] = None):
         self.run_timeout = run_timeout
         self.reference_timeout = reference_timeout
         self.check_correctness = check_correctness
+        self.slow_factor = slow_factor
         self.callbacks = list(callbacks)
         #: Where and when each build and run of the last batch happened (worker clocks where known).
         self.spans: list[Span] = []
         # Reference outputs by task key: (ObjectRef,) once computed, None if the reference failed twice.
         self._references: dict[str, Optional[tuple]] = {}
+        #: Fastest cost timed so far by task key: what a candidate must come close to to be timed in full.
+        self.best_costs: dict[str, float] = {}
         self._session = RaySession.open(ray_address)
-        self._builder = RayBuilder(build_timeout, build_memory_gib)
-        self._pool = RunnerPool(RunConfig(number, repeat, min_repeat_ms, enable_cpu_cache_flush, slow_factor))
+        self._builder = builder or RayBuilder(build_timeout, build_memory_gib)
+        self._pool = runner or RunnerPool(RunConfig(number, repeat, min_repeat_ms, enable_cpu_cache_flush,
+                                                    slow_factor))
         if host_lock is _DEFAULT_LOCK:
             host_lock = host_lock_path()
         self._lock = HostLock(host_lock) if host_lock and self._session.owns_cluster else None
@@ -140,9 +184,21 @@ class ProgramMeasurer:
                     reference = self._references.get(task_key(task)) if self.check_correctness else None
                     jobs.append(RunJob(i, handles[task_key(task)], build.lib, device, threads, self.run_timeout,
                                        reference, packed=build.packed))
-            done = lambda job, reply: batch.ran(job.index, builds[job.index], reply)  # noqa: E731
-            self._pool.run(self._probe_first_batch(jobs, done), done)
+
+            def done(job: RunJob, reply: RunReply) -> None:
+                self._note_best(job, reply)
+                batch.ran(job.index, builds[job.index], reply)
+
+            self._pool.run(self._probe_first_batch(jobs, done), done, self._bar)
         return batch.results  # type: ignore[return-value]
+
+    def _bar(self, job: RunJob) -> float:
+        return self.best_costs.get(job.handle.key, math.inf)
+
+    def _note_best(self, job: RunJob, reply: RunReply) -> None:
+        if reply.error_no == ErrorNo.NO_ERROR and reply.costs:
+            key = job.handle.key
+            self.best_costs[key] = min(self.best_costs.get(key, math.inf), min(reply.costs))
 
     def _probe_first_batch(self, jobs: list[RunJob], done: Callable[[RunJob, RunReply], None]) -> list[RunJob]:
         """Run once (and check) every candidate of a task not timed yet; returns what still needs timing.
@@ -153,18 +209,22 @@ class ProgramMeasurer:
         candidate within ``slow_factor`` of it is then timed (unchecked: the probe checked it), the rest
         keep their probe.
         """
-        fresh = [j for j in jobs if self._pool.best(j.handle.key) is None]
-        if len(fresh) < 2 or not math.isfinite(self._pool.config.slow_factor):
+        fresh = [j for j in jobs if j.handle.key not in self.best_costs]
+        if len(fresh) < 2 or not math.isfinite(self.slow_factor):
             return jobs
         probes: dict[int, RunReply] = {}
-        self._pool.run([replace(j, probe_only=True) for j in fresh],
-                       lambda job, reply: probes.__setitem__(job.index, reply))
+
+        def probed(job: RunJob, reply: RunReply) -> None:
+            self._note_best(job, reply)
+            probes[job.index] = reply
+
+        self._pool.run([replace(j) for j in fresh], probed, bar=lambda job: 0.0)  # copies: own crash counts
         fresh_ids = {id(j) for j in fresh}
         todo = [j for j in jobs if id(j) not in fresh_ids]
         for job in fresh:
-            reply, best = probes[job.index], self._pool.best(job.handle.key)
+            reply, best = probes[job.index], self.best_costs.get(job.handle.key)
             if reply.error_no == ErrorNo.NO_ERROR and best is not None \
-                    and reply.costs[0] <= self._pool.config.slow_factor * best:
+                    and reply.costs[0] <= self.slow_factor * best:
                 todo.append(replace(job, reference=None))
             else:
                 done(job, reply)
@@ -189,18 +249,18 @@ class ProgramMeasurer:
         keys = list(needed)
         retry: list[RunJob] = []
 
-        def done(job: RunJob, reply: RunReply) -> None:
+        def done(job: RunJob, reply: RunReply, fresh: bool) -> None:
             batch.spans.append(Span("reference", -1, reply.node, reply.start, reply.end))
             key = keys[job.index]
             if reply.outputs is not None:
                 self._references[key] = (ray.put(reply.outputs),)
             elif reply.error_no == ErrorNo.INFRA_ERROR:
                 logger.warning("reference run of %s lost to the infrastructure (%s); this batch is unchecked",
-                               key.split("|")[0], reply.error_msg.strip()[:200])
-            elif not job.fresh_runner and job.crashes < MAX_CRASHES:
+                               key.split("|")[0], short_message(reply.error_msg, 200))
+            elif not fresh and job.crashes < MAX_CRASHES:
                 logger.info("reference run of %s failed (%s); trying once more on a fresh runner",
-                            key.split("|")[0], reply.error_msg.strip().splitlines()[0][:200])
-                retry.append(replace(job, fresh_runner=True, node_losses=0, crashes=0))
+                            key.split("|")[0], short_message(reply.error_msg, 200))
+                retry.append(replace(job, node_losses=0, crashes=0))
             else:
                 self._disable_check(key, reply.error_msg)
 
@@ -212,15 +272,15 @@ class ProgramMeasurer:
                 self._disable_check(key, f"the unscheduled program did not build: {build.error_msg}")
             else:
                 jobs.append(RunJob(j, handles[task_key(task)], build.lib, "cpu", _runner_spec(task)[1],
-                                   self.reference_timeout, is_reference=True))
-        self._pool.run(jobs, done)
+                                   self.reference_timeout))
+        self._pool.run_references(jobs, lambda job, reply: done(job, reply, False))
         if retry:
-            self._pool.run(retry, done)
+            self._pool.run_references(retry, lambda job, reply: done(job, reply, True), fresh=True)
 
     def _disable_check(self, key: str, why: str) -> None:
         self._references[key] = None
         logger.warning("no correctness check for %s (its results are marked unchecked): %s", key.split("|")[0],
-                       why.strip().splitlines()[0][:300] if why.strip() else "no reason given")
+                       short_message(why) if why.strip() else "no reason given")
 
     def close(self) -> None:
         """Stop the runners, close the callbacks, and leave (or stop) Ray."""

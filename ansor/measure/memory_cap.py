@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import psutil
 
-from .types import BuildResult, ErrorNo
+from ..errors import short_message
+from ..measurement import BuildResult, ErrorNo
 
 if TYPE_CHECKING:
     from ..search_task import SearchTask
@@ -44,7 +45,9 @@ _OOM_WORDS = ("bad_alloc", "out of memory", "cannot allocate memory", "memoryerr
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 #: What an isolated build's process writes once it has imported TVM, before its pickled result.
-_READY = b"R"
+CHILD_READY = b"R"
+#: The module an isolated build's process runs (:mod:`ansor.measure.build_child`).
+CHILD_MODULE = "ansor.measure.build_child"
 
 
 def default_cap_bytes() -> int:
@@ -112,13 +115,18 @@ def _sigaction(sig: int, new: ctypes.Array) -> ctypes.Array:
     return old
 
 
+def die_with_parent(sig: int) -> None:
+    """Have the kernel send this process ``sig`` when the process that started it exits."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, sig)
+
+
 def is_out_of_memory(text: str) -> bool:
     lowered = text.lower()
     return any(word in lowered for word in _OOM_WORDS)
 
 
 def cap_message(cap: int, detail: str = "") -> str:
-    suffix = f" ({detail.strip().splitlines()[0][:300]})" if detail.strip() else ""
+    suffix = f" ({short_message(detail)})" if detail.strip() else ""
     return (f"build exceeded the {gib(cap)} memory cap{suffix}; raise it with --build-memory-gib "
             f"if this program should build")
 
@@ -126,7 +134,7 @@ def cap_message(cap: int, detail: str = "") -> str:
 class IsolatedBuild:
     """A build in a fresh Python process under ``cap``; a process that dies becomes a result saying why.
 
-    A fresh interpreter (``python -m ansor.measure.memory_cap``), not a fork of the worker: a forked Ray
+    A fresh interpreter (``python -m ansor.measure.build_child``), not a fork of the worker: a forked Ray
     worker inherits Ray's threads' locks and its crash handlers, which hung or took the worker down with the
     child in testing. Creating one returns once the process has imported TVM (seconds), so the build
     timeout can start after that. The process never touches Ray and is killed with its parent, so a build
@@ -136,14 +144,14 @@ class IsolatedBuild:
     def __init__(self, task: SearchTask, steps: Optional[Sequence[Step]], cap: int):
         self.cap = cap
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         try:
             self._proc.stdin.write(pickle.dumps((task, None if steps is None else tuple(steps), cap)))
             self._proc.stdin.close()
         except BrokenPipeError:  # it died before reading: reported by result() from its exit status
             pass
-        os.read(self._proc.stdout.fileno(), len(_READY))  # TVM imported (or, if empty, the process died)
+        os.read(self._proc.stdout.fileno(), len(CHILD_READY))  # TVM imported (or, if empty, the process died)
 
     def result(self, code_on_crash: ErrorNo) -> BuildResult:
         """Wait for the build; its result, or why the process died (the cap, or a crash)."""
@@ -196,19 +204,3 @@ def oom_result(cap: Optional[int], err_text: str, start: float, code: ErrorNo) -
     if cap is None or not is_out_of_memory(err_text):
         return None
     return BuildResult(None, int(code), cap_message(cap, err_text), time.time() - start, start)
-
-
-def _child_main() -> None:
-    """The isolated build: read (task, steps, cap) from stdin, build under the cap, pickle the result out."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the worker
-    task, steps, cap = pickle.loads(sys.stdin.buffer.read())
-    from .builder import build_program  # TVM, imported before the cap applies (as in a worker)
-    sys.stdout.buffer.write(_READY)
-    sys.stdout.buffer.flush()
-    apply_cap(cap)
-    result = build_program(task, steps, cap)
-    sys.stdout.buffer.write(pickle.dumps(result))
-
-
-if __name__ == "__main__":
-    _child_main()

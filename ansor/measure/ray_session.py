@@ -25,7 +25,7 @@ import psutil
 import ray
 from ray._private import ray_constants
 
-from ..errors import AnsorError
+from ..errors import AnsorError, short_message
 
 logger = logging.getLogger("ansor")
 
@@ -153,7 +153,7 @@ class RaySession:
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except Exception as err:  # ConnectionError, RuntimeError, grpc errors...: all say "cannot join"
-            raise RayUnavailableError(f"cannot join the Ray cluster at {address}: {_first_line(err)} "
+            raise RayUnavailableError(f"cannot join the Ray cluster at {address}: {short_message(err)} "
                                       "(give --ray-address HOST:PORT of a running cluster's head, "
                                       "or leave it out to start a local Ray)") from None
         logger.info("joined Ray cluster at %s (%s CPUs, %s GPUs)", address,
@@ -207,7 +207,7 @@ class RaySession:
         try:
             alive = alive_nodes()
         except Exception as err:  # the GCS does not answer
-            raise RayDiedError(f"lost the Ray cluster{where}: {_first_line(err)}") from None
+            raise RayDiedError(f"lost the Ray cluster{where}: {short_message(err)}") from None
         if not alive:
             raise RayDiedError(f"the Ray cluster{where} has no live node left")
 
@@ -260,11 +260,6 @@ def _check_reachable(address: str) -> None:
         raise RayUnavailableError(f"cannot join the Ray cluster at {address}: nothing answers there "
                                   f"({err.strerror or err}); start it with `ray start --head`, give the "
                                   "head's HOST:PORT, or leave --ray-address out to start a local Ray") from None
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0][:300] if lines else type(err).__name__
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,10 @@ import tvm
 
 from .. import apply
 from ..layout_rewrite import PackedLayout, pack_arguments
-from .builder import short_error
+from ..measurement import ErrorNo, MAX_COST, error_text
 from .check import compare_outputs
 from .ray_session import current_node
 from .shipping import TaskHandle
-from .types import MAX_COST, ErrorNo
 
 _CACHE_FLUSH = "cache_flush_cpu_non_first_arg"
 
@@ -98,7 +97,7 @@ class Runner:
             self._device.sync()
             outputs = [a.numpy() for a in args]
         except Exception as err:
-            return self._error(ErrorNo.RUNTIME_DEVICE, f"reference run failed: {short_error(err)}", start)
+            return self._error(ErrorNo.RUNTIME_DEVICE, f"reference run failed: {error_text(err)}", start)
         self._references[handle.key] = outputs
         return RunReply((), int(ErrorNo.NO_ERROR), "", start, time.time(), self._node, outputs)
 
@@ -113,7 +112,7 @@ class Runner:
         try:
             module = load_library(lib)
         except Exception as err:
-            return self._error(ErrorNo.RUNTIME_DEVICE, f"cannot load the library: {short_error(err)}", start)
+            return self._error(ErrorNo.RUNTIME_DEVICE, f"cannot load the library: {error_text(err)}", start)
         try:
             args = self._args(handle, packed)
             if reference is not None:
@@ -138,7 +137,7 @@ class Runner:
                                               f_preproc=flush)
                 costs = tuple(float(c) for c in timer(*args).results)
         except Exception as err:
-            return self._error(ErrorNo.RUNTIME_DEVICE, short_error(err), start)
+            return self._error(ErrorNo.RUNTIME_DEVICE, error_text(err), start)
         return RunReply(costs, int(ErrorNo.NO_ERROR), "", start, time.time(), self._node)
 
     # ------------------------------------------------------------------ helpers

@@ -33,11 +33,10 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..layout_rewrite import PackedLayout
-from .builder import short_error
+from ..measurement import ErrorNo, MAX_COST, error_text
 from .ray_session import alive_nodes, current_node, node_alive
 from .runner import RunConfig, Runner, RunReply
 from .shipping import TaskHandle
-from .types import MAX_COST, ErrorNo
 
 logger = logging.getLogger("ansor")
 
@@ -90,12 +89,22 @@ class RunJob:
     threads: int  # TVM_NUM_THREADS of the runner; 0 leaves TVM's default
     timeout: float
     reference: Optional[tuple] = None  # (ObjectRef of the reference outputs,): check against them
-    is_reference: bool = False  # compute the reference instead of timing
-    probe_only: bool = False  # check and run once, whatever the task's best (see ProgramMeasurer)
     packed: tuple[PackedLayout, ...] = ()  # arguments the library takes pre-packed
-    fresh_runner: bool = False  # replace the lane's runner before this job (a retried reference)
     node_losses: int = 0
     crashes: int = 0  # runs that killed their runner
+
+
+#: The time a candidate must beat to be timed in full (``RunConfig.slow_factor``): the task's best so far.
+Bar = Callable[[RunJob], float]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one :meth:`RunnerPool.run` asks of its runners."""
+
+    what: str  # "run" or "reference run", for messages
+    start: Callable[[ray.actor.ActorHandle, RunJob], ray.ObjectRef]
+    fresh: bool = False  # replace the lane's runner before each job (a retried reference)
 
 
 @dataclass
@@ -133,7 +142,6 @@ class RunnerPool:
     def __init__(self, config: RunConfig):
         self.config = config
         self._lanes: dict[tuple[str, str, int], _Lane] = {}
-        self._best: dict[str, float] = {}  # fastest cost timed so far, by task key (see RunConfig.slow_factor)
 
     def prepare(self, specs: Iterable[tuple[str, int]]) -> None:
         """Start the runners a batch will need ((device, threads) pairs) without waiting for them.
@@ -146,10 +154,6 @@ class RunnerPool:
             for device, threads in specs:
                 if lane.device == device and threads not in lane.actors:
                     lane.actors[threads] = self._spawn(lane, threads)
-
-    def best(self, key: str) -> Optional[float]:
-        """Fastest cost timed so far for the task with this key (None before its first timing)."""
-        return self._best.get(key)
 
     def devices(self) -> set[str]:
         """Device kinds ("cpu", "gpu") some live node offers."""
@@ -176,8 +180,25 @@ class RunnerPool:
         finally:
             _release(list(leases))
 
-    def run(self, jobs: Iterable[RunJob], on_done: Done) -> None:
-        """Run every job; ``on_done(job, reply)`` is called exactly once per job, as it finishes."""
+    def run(self, jobs: Iterable[RunJob], on_done: Done, bar: Bar) -> None:
+        """Time every job; ``on_done(job, reply)`` is called exactly once per job, as it finishes.
+
+        ``bar(job)``, asked as the job starts: a candidate more than ``slow_factor`` times slower than it is
+        timed by one run only (``inf``: time it in full; ``0``: run it once, checked).
+        """
+        config = self.config
+        self._run(jobs, on_done, _Call("run", lambda actor, job: actor.run.remote(
+            job.handle, job.lib, job.reference, config, bar(job), job.packed)))
+
+    def run_references(self, jobs: Iterable[RunJob], on_done: Done, fresh: bool = False) -> None:
+        """Run each job's program once and keep its outputs (the reference of its task's checks).
+
+        ``fresh``: on a new runner each (a reference that failed is tried once more on a fresh runner).
+        """
+        self._run(jobs, on_done, _Call("reference run", lambda actor, job: actor.reference.remote(job.handle, job.lib),
+                                       fresh))
+
+    def _run(self, jobs: Iterable[RunJob], on_done: Done, call: _Call) -> None:
         queues: dict[str, deque[RunJob]] = {"cpu": deque(), "gpu": deque()}
         for job in sorted(jobs, key=lambda j: j.threads):  # fewer runner switches per lane
             queues[job.device].append(job)
@@ -186,7 +207,7 @@ class RunnerPool:
             while True:
                 for lane in lanes:
                     if lane.job is None and not lane.dead and queues[lane.device]:
-                        self._start(lane, queues[lane.device].popleft())
+                        self._start(lane, queues[lane.device].popleft(), call)
                 for device, queue in queues.items():
                     if queue and not any(lane.device == device and not lane.dead for lane in lanes):
                         while queue:
@@ -196,12 +217,11 @@ class RunnerPool:
                 busy = [lane for lane in lanes if lane.job is not None]
                 if not busy:
                     return
-                self._step(busy, queues, on_done)
+                self._step(busy, queues, on_done, call)
         finally:  # Ctrl-C or a failing callback: stop what is still running
             for lane in lanes:
                 if lane.job is not None:
-                    self._kill(lane, lane.actor)
-                    lane.job = lane.actor = lane.call = None
+                    self._end_call(lane, kill=True)
 
     def close(self) -> None:
         """Kill every runner actor."""
@@ -233,6 +253,12 @@ class RunnerPool:
         handle = _RunnerActor.options(**options).remote("cuda" if lane.device == "gpu" else "cpu")
         return _Actor(handle, threads, handle.ready.remote())
 
+    def _end_call(self, lane: _Lane, kill: bool) -> None:
+        """Free the lane for its next job; ``kill``: the runner too (hung, crashed, or its node gone)."""
+        if kill:
+            self._kill(lane, lane.actor)
+        lane.job = lane.actor = lane.call = None
+
     @staticmethod
     def _kill(lane: _Lane, actor: Optional[_Actor]) -> None:
         if actor is None:
@@ -242,22 +268,18 @@ class RunnerPool:
         ray.kill(actor.handle, no_restart=True)
 
     # ------------------------------------------------------------------ the event loop
-    def _start(self, lane: _Lane, job: RunJob) -> None:
+    def _start(self, lane: _Lane, job: RunJob, call: _Call) -> None:
         actor = lane.actors.get(job.threads)
-        if actor is not None and job.fresh_runner:
+        if actor is not None and call.fresh:
             self._kill(lane, actor)
             actor = None
         if actor is None:
             actor = lane.actors[job.threads] = self._spawn(lane, job.threads)
-        if job.is_reference:
-            lane.call = actor.handle.reference.remote(job.handle, job.lib)
-        else:
-            best = 0.0 if job.probe_only else self._best.get(job.handle.key, float("inf"))
-            lane.call = actor.handle.run.remote(job.handle, job.lib, job.reference, self.config, best, job.packed)
+        lane.call = call.start(actor.handle, job)
         lane.job, lane.actor, lane.started = job, actor, time.time()
         lane.deadline = time.monotonic() + (ACTOR_START_TIMEOUT if actor.ready is not None else job.timeout)
 
-    def _step(self, busy: list[_Lane], queues: dict[str, deque[RunJob]], on_done: Done) -> None:
+    def _step(self, busy: list[_Lane], queues: dict[str, deque[RunJob]], on_done: Done, call: _Call) -> None:
         """Wait for the first event among the busy lanes (an actor up, a reply, a deadline) and handle it."""
         waiting = {}  # ref -> (lane, whether it is the actor's start rather than the call)
         for lane in busy:
@@ -274,14 +296,14 @@ class RunnerPool:
         now = time.monotonic()
         for lane in busy:
             if lane.job is not None and lane.deadline <= now:
-                self._on_deadline(lane, queues, on_done)
+                self._on_deadline(lane, queues, on_done, call)
 
     def _on_actor_ready(self, lane: _Lane, queues: dict[str, deque[RunJob]], on_done: Done) -> None:
         actor = lane.actor
         try:
             threads = ray.get(actor.ready)
         except ray.exceptions.RayError as err:
-            self._lose_lane(lane, f"its runner did not start ({short_error(err)})", queues, on_done)
+            self._lose_lane(lane, f"its runner did not start ({error_text(err)})", queues, on_done)
             return
         if actor.threads and threads != actor.threads:
             logger.warning("runner on node %s uses %d threads, not TVM_NUM_THREADS=%d", lane.node, threads,
@@ -297,8 +319,7 @@ class RunnerPool:
             if not node_alive(lane.node):
                 self._lose_lane(lane, "the node left the cluster", queues, on_done)
                 return
-            self._kill(lane, actor)
-            lane.job = lane.actor = lane.call = None
+            self._end_call(lane, kill=True)
             job.crashes += 1
             killed_for_memory = _killed_for_memory(err)
             if job.crashes < MAX_CRASHES:
@@ -309,31 +330,25 @@ class RunnerPool:
             code = ErrorNo.INFRA_ERROR if killed_for_memory else ErrorNo.RUNTIME_DEVICE
             reply = _failure(code, lane.node, lane.started, f"the runner process died running this candidate "
                              f"{job.crashes} times ({'killed for memory' if killed_for_memory else 'crash'}): "
-                             f"{short_error(err)}")
+                             f"{error_text(err)}")
         except ray.exceptions.RayError as err:  # an exception inside the runner: a bug, not the candidate
-            reply = _failure(ErrorNo.UNKNOWN_ERROR, lane.node, lane.started, short_error(err))
-        lane.job = lane.actor = lane.call = None
-        if reply.error_no == ErrorNo.NO_ERROR and reply.costs and not job.is_reference:
-            key = job.handle.key
-            self._best[key] = min(self._best.get(key, float("inf")), min(reply.costs))
+            reply = _failure(ErrorNo.UNKNOWN_ERROR, lane.node, lane.started, error_text(err))
+        self._end_call(lane, kill=False)
         on_done(job, reply)
 
-    def _on_deadline(self, lane: _Lane, queues: dict[str, deque[RunJob]], on_done: Done) -> None:
-        job, actor = lane.job, lane.actor
-        if actor.ready is not None:
+    def _on_deadline(self, lane: _Lane, queues: dict[str, deque[RunJob]], on_done: Done, call: _Call) -> None:
+        job = lane.job
+        if lane.actor.ready is not None:
             self._lose_lane(lane, f"its runner did not start within {ACTOR_START_TIMEOUT:g} s", queues, on_done)
             return
-        self._kill(lane, actor)
-        lane.job = lane.actor = lane.call = None
-        what = "reference run" if job.is_reference else "run"
+        self._end_call(lane, kill=True)
         on_done(job, _failure(ErrorNo.RUN_TIMEOUT, lane.node, lane.started,
-                              f"{what} did not finish within {job.timeout:g} s; the runner was killed"))
+                              f"{call.what} did not finish within {job.timeout:g} s; the runner was killed"))
 
     def _lose_lane(self, lane: _Lane, why: str, queues: dict[str, deque[RunJob]], on_done: Done) -> None:
         """Take the lane out of this batch and give its job to another lane (or record the loss)."""
         job = lane.job
-        self._kill(lane, lane.actor)
-        lane.job = lane.actor = lane.call = None
+        self._end_call(lane, kill=True)
         lane.dead = True
         job.node_losses += 1
         if job.node_losses > MAX_NODE_LOSSES:

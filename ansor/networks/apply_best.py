@@ -25,7 +25,7 @@ import tvm_ffi
 from tvm import relax
 
 from .. import apply
-from ..errors import AnsorError, StepError
+from ..errors import AnsorError, StepError, short_message
 from ..layout_rewrite import PackedLayout
 from ..loop_state import State
 from ..records import best_records, load_records
@@ -34,7 +34,7 @@ from ..target import is_gpu, parse_target
 from ..transform_steps import Step
 from .default_schedule import default_state, default_tir_schedule
 from .extract import NetworkTask, is_reshape, standalone
-from .network import NetworkError, short_reason
+from .network import NetworkError
 
 logger = logging.getLogger("ansor")
 
@@ -83,7 +83,7 @@ def default_scheduled(task: SearchTask) -> ScheduledFunc:
     try:
         return schedule_task(task, default_state(task))
     except (AnsorError, tvm.s_tir.ScheduleError) as err:
-        logger.info("%s: %s; scheduling its TensorIR directly", task.desc, short_reason(err))
+        logger.info("%s: %s; scheduling its TensorIR directly", task.desc, short_message(err, None, pick="last"))
         func = default_tir_schedule(task.func, task.hardware_params.num_cores)
         return ScheduledFunc(func, func)
 

@@ -16,10 +16,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..errors import short_message
 from ..target import is_gpu, parse_target
 from .apply_best import apply_best
 from .extract import Extraction
-from .network import Network, NetworkError, short_reason
+from .network import Network, NetworkError
 
 logger = logging.getLogger("ansor")
 
@@ -101,7 +102,7 @@ def build(mod: tvm.IRModule, target: TargetLike = None, fused: bool = True) -> t
             return tvm.compile(mod, target=target, relax_pipeline=lowering_pipeline(target))
         return tvm.compile(mod, target=target)
     except Exception as err:  # TVM reports codegen failures with the whole IR around them
-        raise NetworkError(f"building the network failed: {short_reason(err)}") from None
+        raise NetworkError(f"building the network failed: {short_message(err, None, pick='last')}") from None
 
 
 def _device(target: TargetLike) -> tvm.runtime.Device:

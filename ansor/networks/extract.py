@@ -21,10 +21,10 @@ import tvm_ffi
 from tvm import relax
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-from ..errors import AnsorError
+from ..errors import AnsorError, short_message
 from ..search_task import SearchTask
 from ..target import is_gpu, parse_target
-from .network import Network, NetworkError, short_reason
+from .network import Network, NetworkError
 from .prepare import prepare
 
 logger = logging.getLogger("ansor")
@@ -109,7 +109,7 @@ def fuse(mod: tvm.IRModule, target: Union[str, dict, tvm.target.Target, None] = 
             fused = relax.get_pipeline("zero")(mod)
         return relax.transform.AttachAttrLayoutFreeBuffers()(fused)
     except Exception as err:  # TVM reports unsupported operators with a long trace
-        raise NetworkError(f"cannot legalize and fuse the network: {short_reason(err)}") from None
+        raise NetworkError(f"cannot legalize and fuse the network: {short_message(err, None, pick='last')}") from None
 
 
 def call_counts(mod: tvm.IRModule) -> tuple[Counter, dict[str, int]]:
@@ -170,7 +170,7 @@ def _as_task(func: tvm.tirx.PrimFunc, target: tvm.target.Target, name: str) -> t
         if task.flop_ct == 0:
             return None, "no floating-point work (a copy or layout change)"
     except (AnsorError, tvm.s_tir.ScheduleError) as err:  # the latter: no root block (hand-written TIR)
-        return None, f"ComputeDAG cannot analyse it: {short_reason(err)}"
+        return None, f"ComputeDAG cannot analyse it: {short_message(err, None, pick='last')}"
     return task, ""
 
 

@@ -90,7 +90,3 @@ class Network:
         return out
 
 
-def short_reason(err: BaseException) -> str:
-    """The informative line of an error: TVM prints the whole IR first and the message last."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__

@@ -25,6 +25,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..errors import short_message
+
 logger = logging.getLogger("ansor")
 
 #: Largest folded value (elements): shape values are tiny; this also caps e.g. a folded zero tensor.
@@ -222,7 +224,7 @@ def _static_shapes(model: Any, input_shapes: Mapping[str, tuple[int, ...]]) -> d
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception as err:  # inference refuses some models (custom domains); fold what constants give
-        logger.info("ONNX shape inference failed (%s); folding constants only", str(err).splitlines()[0][:200])
+        logger.info("ONNX shape inference failed (%s); folding constants only", short_message(err, 200))
         inferred = model
     shapes: dict[str, tuple[int, ...]] = dict(input_shapes)
     graph = inferred.graph

@@ -16,7 +16,8 @@ from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .network import Network, NetworkError, TensorSpec, short_reason
+from ..errors import short_message
+from .network import Network, NetworkError, TensorSpec
 
 logger = logging.getLogger("ansor")
 
@@ -89,7 +90,7 @@ def load_onnx(path: Union[str, os.PathLike], shapes: Optional[Mapping[str, Seque
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as err:  # protobuf DecodeError, ValidationError, OSError ...
-        raise NetworkError(f"{path}: not a valid ONNX model ({short_reason(err)})") from None
+        raise NetworkError(f"{path}: not a valid ONNX model ({short_message(err, None, pick='last')})") from None
     inputs = _input_specs(onnx, model, path, dict(shapes or {}))
     # Exporters compute shapes in the graph; TVM's importer needs them constant (see onnx_fold).
     from .onnx_fold import fold_shape_subgraphs
@@ -105,7 +106,8 @@ def load_onnx(path: Union[str, os.PathLike], shapes: Optional[Mapping[str, Seque
         mod, detached = relax.frontend.detach_params(mod)
     except Exception as err:  # unsupported operators and the like
         folded = f"; {folding}" if folding.total else ""
-        raise NetworkError(f"{path}: cannot convert the ONNX model to Relax ({short_reason(err)}){folded}") from None
+        reason = short_message(err, None, pick="last")
+        raise NetworkError(f"{path}: cannot convert the ONNX model to Relax ({reason}){folded}") from None
     func = mod["main"]
     weight_vars = list(func.params)[len(inputs):]
     values = [t.numpy() for t in detached.get("main", [])]

@@ -27,7 +27,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, te, topi
 
-from .network import Network, NetworkError, short_reason
+from ..errors import short_message
+from .network import Network, NetworkError
 
 logger = logging.getLogger("ansor")
 
@@ -57,7 +58,7 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
     except NetworkError:
         raise
     except Exception as err:  # TVM reports unsupported operators with a long trace
-        raise NetworkError(f"cannot prepare network {network.name}: {short_reason(err)}") from None
+        raise NetworkError(f"cannot prepare network {network.name}: {short_message(err, None, pick='last')}") from None
     logger.info("network %s prepared: weights %s, convolutions %s, fast math %s", network.name,
                 "bound as constants" if not weights else "left as arguments",
                 "converted to NHWC" if converted else "in their own layout", "on" if fast_math else "off")

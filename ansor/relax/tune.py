@@ -23,11 +23,11 @@ from typing import Callable, Mapping, Optional, Sequence, Union
 
 from ..database import Database, as_database
 from ..errors import AnsorError
-from ..measure.types import MeasureInput, MeasureResult
+from ..measurement import MeasureInput, MeasureResult
+from ..networks import NetworkTask, default_candidates, extract
 from ..records import Record, RecordWriter, load_records
 from ..search_task import TargetLike
 from ..tuning import TuningOptions, make_cost_model, make_measurer
-from ..networks import NetworkTask, default_candidates, extract
 from .model import Params, as_network
 
 logger = logging.getLogger("ansor")

@@ -41,7 +41,7 @@ def factorizations(extent: int, n: int, max_innermost: int = MAX_INNERMOST_FACTO
     if n == 0:
         return ((),)
     out = []
-    for first in _divisors(extent):
+    for first in divisors(extent):
         for rest in factorizations(extent // first, n - 1, max_innermost):
             lengths = (first, *rest)
             if lengths[-1] <= max_innermost:
@@ -50,7 +50,8 @@ def factorizations(extent: int, n: int, max_innermost: int = MAX_INNERMOST_FACTO
 
 
 @functools.lru_cache(maxsize=4096)
-def _divisors(n: int) -> tuple[int, ...]:
+def divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n``, ascending."""
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
@@ -243,14 +244,11 @@ def contiguous(stage: Stage, iters) -> bool:
 
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in _divisors(n) if d <= cap)
+    return max(d for d in divisors(n) if d <= cap)
 
 
-def sample_program(task: SearchTask, sketch: State, rng: random.Random) -> Optional[State]:
-    """One complete random program from ``sketch`` (None if the random choices were illegal)."""
-    if is_gpu(task.target):
-        from .gpu_annotation import sample_gpu_program  # it builds on this module's helpers
-        return sample_gpu_program(task, sketch, rng)
+def sample_cpu_program(task: SearchTask, sketch: State, rng: random.Random) -> Optional[State]:
+    """One complete random CPU program from ``sketch`` (None if the random choices were illegal)."""
     try:
         state = fill_tile_sizes(sketch, rng)
         state = change_compute_location(state, rng)
@@ -261,24 +259,3 @@ def sample_program(task: SearchTask, sketch: State, rng: random.Random) -> Optio
     except StepError:
         return None
     return state
-
-
-def sample_initial_population(task: SearchTask, sketches: list[State], n: int, rng: random.Random,
-                              exclude: Optional[set] = None, max_tries: int = 0) -> list[State]:
-    """Up to ``n`` distinct random programs, spread over the sketches; ``exclude`` holds known keys."""
-    exclude = set() if exclude is None else exclude
-    out: list[State] = []
-    seen: set = set()
-    tries = 0
-    max_tries = max_tries or n * 8
-    while len(out) < n and tries < max_tries:
-        tries += 1
-        state = sample_program(task, rng.choice(sketches), rng)
-        if state is None:
-            continue
-        key = state.key()
-        if key in seen or key in exclude:
-            continue
-        seen.add(key)
-        out.append(state)
-    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
@@ -24,17 +24,16 @@ from ..transform_steps import (
     AnnotationStep, ComputeAtStep, FuseStep, LayoutRewriteStep, PragmaStep, SplitStep, Step,
 )
 from .annotation import (
-    CPU_UNROLL_STEPS, GPU_UNROLL_STEPS, MAX_INNERMOST_FACTOR, _divisors, compute_location_candidates,
+    CPU_UNROLL_STEPS, GPU_UNROLL_STEPS, MAX_INNERMOST_FACTOR, divisors, compute_location_candidates,
     outer_parallel_loops,
 )
 from .gpu_annotation import fits_gpu
 from .rules import needs_multi_level_tiling
 
+if TYPE_CHECKING:
+    from ..cost_model.cost_model import CostModel  # the search only calls predict
+
 logger = logging.getLogger("ansor")
-
-
-class Scorer(Protocol):
-    def predict(self, task: SearchTask, states: Sequence[State]) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ def mutate_tile_size(task: SearchTask, state: State, rng: random.Random) -> Opti
         return None
     src = rng.choice(src_choices)
     dst = rng.choice([k for k in range(len(levels)) if k != src])
-    factor = rng.choice([d for d in _divisors(levels[src]) if d > 1])
+    factor = rng.choice([d for d in divisors(levels[src]) if d > 1])
     levels[src] //= factor
     levels[dst] *= factor
     lengths = tuple(levels[1:]) if step.inner_to_outer else tuple(levels[:-1])
@@ -203,7 +202,7 @@ def _replace_step(state: State, index: int, step: Step) -> Optional[State]:
 Mutation = Callable[[SearchTask, State, random.Random], Optional[State]]
 
 
-def evolutionary_search(task: SearchTask, model: Scorer, population: list[State], out_size: int,
+def evolutionary_search(task: SearchTask, model: CostModel, population: list[State], out_size: int,
                         exclude: set, rng: random.Random, params: EvolutionParams = EvolutionParams()
                         ) -> list[tuple[float, State]]:
     """The ``out_size`` best-scored programs found, none of them in ``exclude`` (best first)."""

@@ -25,7 +25,7 @@ from ..loop_nest import AttachKind
 from ..loop_state import State
 from ..search_task import SearchTask
 from ..transform_steps import SplitStep, Step
-from .annotation import _divisors, annotate_unroll, factorizations, outer_parallel_loops
+from .annotation import divisors, annotate_unroll, factorizations, outer_parallel_loops
 from .gpu_rules import has_cross_thread_reduction
 
 #: Vector widths tried for a cooperative fetch (a CUDA vector load is at most 16 bytes).
@@ -56,7 +56,7 @@ def thread_counts(extent: int, warp: int, max_threads: int) -> list[int]:
         return [extent]
     top = min(extent, max_threads)
     pow2 = [1 << k for k in range(warp.bit_length() - 1, top.bit_length()) if warp <= 1 << k <= top]
-    return sorted(set(pow2) | {d for d in _divisors(extent) if warp <= d <= top})
+    return sorted(set(pow2) | {d for d in divisors(extent) if warp <= d <= top})
 
 
 def fill_gpu_tile_sizes(task: SearchTask, state: State, rng: random.Random) -> Optional[State]:

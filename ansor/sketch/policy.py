@@ -11,17 +11,20 @@ import heapq
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..errors import StepError
 from ..loop_state import State
-from ..measure.types import MeasureInput, MeasureResult
+from ..measurement import MeasureInput, MeasureResult
 from ..search_task import SearchTask
 from ..target import is_gpu
-from .annotation import sample_initial_population
-from .evolution import EvolutionParams, Scorer, evolutionary_search
+from .evolution import EvolutionParams, evolutionary_search
 from .gpu_verify import verify_gpu
-from .rules import SketchRule, generate_sketches
+from .rules import SketchRule
+from .search_space import generate_sketches, sample_initial_population
+
+if TYPE_CHECKING:
+    from ..cost_model.cost_model import CostModel
 
 logger = logging.getLogger("ansor")
 
@@ -39,7 +42,7 @@ class SearchParams:
 class SketchPolicy:
     """Generates candidates for one task; learns nothing itself (the cost model does)."""
 
-    def __init__(self, task: SearchTask, model: Scorer, seed: int = 0, params: Optional[SearchParams] = None,
+    def __init__(self, task: SearchTask, model: CostModel, seed: int = 0, params: Optional[SearchParams] = None,
                  extra_rules: Sequence[SketchRule] = (), first: Sequence[State] = ()):
         self.task = task
         self.model = model

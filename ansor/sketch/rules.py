@@ -277,17 +277,8 @@ CPU_RULES: tuple[SketchRule, ...] = (
 )
 
 
-def generate_sketches(task: SearchTask, rules: Optional[tuple[SketchRule, ...]] = None,
-                      extra_rules: tuple[SketchRule, ...] = ()) -> list[State]:
-    """All sketches of ``task``: each rule list walk from the last stage to the first.
-
-    ``extra_rules`` run before the built-in ones (a user rule returning APPLY_AND_SKIP_REST replaces them
-    for the stages it claims). The built-in rules are the CPU ones, or the CUDA ones for a GPU target.
-    """
-    if rules is None and is_gpu(task.target):
-        from .gpu_rules import GPU_RULES  # gpu_rules builds on this module's rules
-        rules = GPU_RULES
-    rules = tuple(extra_rules) + tuple(rules or CPU_RULES)
+def derive_sketches(task: SearchTask, rules: tuple[SketchRule, ...]) -> list[State]:
+    """All sketches ``rules`` derive for ``task``: each rule list walk from the last stage to the first."""
     init = task.compute_dag.init_state()
     frontier: list[tuple[State, int]] = [(init, len(init.stages) - 1)]
     sketches: list[State] = []

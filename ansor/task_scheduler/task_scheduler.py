@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from ..measure.types import MAX_COST, MeasureInput, program_results
 from ..loop_state import State
+from ..measurement import MAX_COST
 from ..records import Record, load_records, other_targets_message
 from ..search_task import SearchTask
 from ..sketch.policy import SearchParams, SketchPolicy
-from ..tuning import feed_history
+from ..tuning import feed_history, measure_round
 
 logger = logging.getLogger("ansor")
 
@@ -53,14 +53,13 @@ class Allocator:
 
     def __init__(self, tasks: Sequence[TaskState], strategy: str = "gradient", alpha: float = 0.2,
                  beta: float = 2.0, backward_window: int = 3, early_stopping: Optional[int] = None,
-                 eps: float = 0.0, seed: int = 0):
+                 seed: int = 0):
         if strategy not in ("gradient", "round-robin"):
             raise ValueError(f"unknown strategy {strategy!r}; valid: gradient, round-robin")
         self.tasks = list(tasks)
         self.strategy = strategy
         self.alpha, self.beta, self.window = alpha, beta, backward_window
         self.early_stopping = early_stopping
-        self.eps = eps
         self.rng = random.Random(seed)
         self._next_rr = 0
 
@@ -116,8 +115,6 @@ class Allocator:
                 self._next_rr += 1
                 if not self.tasks[i].dead:
                     return i
-        if self.eps and self.rng.random() < self.eps:
-            return self.rng.choice(alive)
         grads = self.gradients()
         live = [(g, i) for i, g in enumerate(grads) if g is not None]
         if max(g for g, _ in live) == min(g for g, _ in live):
@@ -180,18 +177,13 @@ def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: 
         if index is None:
             break
         t0 = time.perf_counter()
-        n = min(per_round, n_trials - used)
-        states_ = policies[index].next_batch(n)
-        if not states_:
+        rnd = measure_round(tasks[index], policies[index], model, measurer.measure, min(per_round, n_trials - used))
+        if rnd is None:
             alloc.tasks[index].dead = True
             continue
-        inputs = [MeasureInput(tasks[index], s) for s in states_]
-        results = measurer.measure(inputs)
-        policies[index].record(*program_results(inputs, results))  # infrastructure failures may come again
-        model.update(*program_results(inputs, results))
-        best = min([r.mean_cost for r in results if r.ok] + [alloc.tasks[index].best_cost])
-        alloc.record(index, len(inputs), best)
-        used += len(inputs)
+        best = min([r.mean_cost for r in rnd.results if r.ok] + [alloc.tasks[index].best_cost])
+        alloc.record(index, len(rnd.inputs), best)
+        used += len(rnd.inputs)
         if on_round:
             on_round(SchedulerRound(index, used, [t.best_cost for t in alloc.tasks], alloc.objective(),
                                     time.perf_counter() - t0))

@@ -38,10 +38,9 @@ from ansor.cost_model.state_features import StateFeatureExtractor
 from ansor.cost_model.training import train_from_logs
 from ansor.cost_model.xgb_model import MAX_PROGRAMS_PER_TASK
 from ansor.loop_state import State
-from ansor.measure.types import ErrorNo, MeasureInput, MeasureResult
+from ansor.measurement import ErrorNo, MeasureInput, MeasureResult
 from ansor.search_task import SearchTask
-from ansor.sketch.annotation import sample_initial_population
-from ansor.sketch.rules import generate_sketches
+from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.transform_steps import SplitStep
 
 

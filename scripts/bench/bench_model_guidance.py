@@ -55,7 +55,7 @@ def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) ->
         result = auto_schedule(task, options, measurer, model)
     wall = time.time() - t0
     module = apply.build(task, result.best_state)
-    cost = apply.time_module(task, module, apply.random_inputs(task))
+    cost = apply.time_module(module, apply.random_inputs(task))
     return Run(wkl, model_name, task.flop_ct / cost / 1e9, curve, wall)
 
 

@@ -14,8 +14,7 @@ import statistics
 import time
 
 from ansor.search_task import SearchTask
-from ansor.sketch.annotation import sample_initial_population
-from ansor.sketch.rules import generate_sketches
+from ansor.sketch.search_space import generate_sketches, sample_initial_population
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
     train = sum(r.train_s for r in rounds) / max(1, len(rounds))
     measure = sum(r.measure_s for r in rounds) / max(1, len(rounds))
     module = apply.build(task, result.best_state)
-    cost = apply.time_module(task, module, apply.random_inputs(task))
+    cost = apply.time_module(module, apply.random_inputs(task))
     stats, n = model.extractor.stats, max(1, len(rounds))
     note = (f"Ray start {ray_start:.1f} s; per round ({len(rounds)}): search {search:.2f} s (features "
             f"{stats.wall_s / n:.2f} s), model update {train:.2f} s, measure {measure:.2f} s")
@@ -75,7 +75,7 @@ def time_metaschedule(wkl: str, trials: int, seed: int) -> tuple[float, float, s
         wall = time.time() - t0
         sch = ms.tir_integration.compile_tir(database, mod, task.target)
     module = tvm.compile(sch.mod, target=task.target).jit()
-    cost = apply.time_module(task, module, apply.random_inputs(task))
+    cost = apply.time_module(module, apply.random_inputs(task))
     return task.flop_ct / cost / 1e9, wall, "tune_tir, default rules and builder"
 
 

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import psutil
-from tvm.script import tirx as T
+
+from fault_programs import big_copy, crashing, endless  # scripts/bench/, next to this script
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNE_TEST = ROOT / "scripts" / "tune_test.py"
@@ -47,32 +48,6 @@ class Row:
 
 
 # ------------------------------------------------------------------------------------------ faulty programs
-@T.prim_func(s_tir=True)
-def endless(A: T.Buffer((16,), "float32"), B: T.Buffer((1,), "float32")):
-    for i, j, k in T.grid(65536, 65536, 65536):
-        with T.sblock("spin"):
-            vi, vj, vk = T.axis.remap("RRR", [i, j, k])
-            with T.init():
-                B[0] = T.float32(0)
-            B[0] = B[0] * T.float32(0.999) + A[vk % 16]
-
-
-@T.prim_func(s_tir=True)
-def crashing(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
-    for i in range(16):
-        with T.sblock("crash"):
-            vi = T.axis.spatial(16, i)
-            B[vi] = A[vi] + T.Cast("float32", T.call_extern("int32", "abort"))
-
-
-@T.prim_func(s_tir=True)
-def big_copy(A: T.Buffer((1048576,), "float32"), B: T.Buffer((1048576,), "float32")):
-    for i in range(1048576):
-        with T.sblock("copy"):
-            vi = T.axis.spatial(1048576, i)
-            B[vi] = A[vi] * T.float32(2)
-
-
 def healthy(n: int) -> list:
     """``n`` distinct, valid matmul-128 tilings (each takes ~0.3 s to time with ``min_repeat_ms=100``)."""
     from ansor.measure import MeasureInput

@@ -1,6 +1,7 @@
 """What goes into and comes out of a measurement, with Ansor's error codes.
 
-Plain data, free of Ray, so the records module and the cost model can use it.
+Plain data in the core, free of Ray: records, the cost model and the search read it without depending on
+how programs are built and timed (:mod:`ansor.measure`).
 """
 
 from __future__ import annotations
@@ -10,12 +11,20 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Sequence
 
-from ..layout_rewrite import PackedLayout
-from ..loop_state import State
-from ..search_task import SearchTask
+from .errors import short_message
+from .layout_rewrite import PackedLayout
+from .loop_state import State
+from .search_task import SearchTask
 
 #: Cost recorded for a candidate that failed, so it sorts last everywhere.
 MAX_COST = 1e10
+#: Longest ``error_msg`` of a result: enough for TVM's reason and a short traceback, not a whole program.
+MAX_ERROR_CHARS = 2000
+
+
+def error_text(err: BaseException) -> str:
+    """A result's ``error_msg`` for an exception: its type and its whole (bounded) text."""
+    return short_message(err, MAX_ERROR_CHARS, pick="all", typed=True)
 
 
 class ErrorNo(IntEnum):

@@ -1,0 +1,50 @@
+"""A network built with its default schedules and with a log's best ones, compared and timed."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass
+class NetworkEvaluation:
+    """A network's default build vs its build with the best schedules of a log, on the same inputs."""
+
+    default: "object"  # Timing
+    tuned: "object"  # Timing
+    comparison: "object"  # OutputComparison
+    tuned_tasks: int
+    n_tasks: int
+    tuned_executable: "object" = None  # the tuned build, for --export
+
+    @property
+    def speedup(self) -> float:
+        return self.default.mean_ms / self.tuned.mean_ms
+
+
+def tuned_task_count(tasks, log: "os.PathLike | Sequence[os.PathLike]", target) -> int:
+    """How many of ``tasks`` have a valid record in the log or logs (for ``target``)."""
+    from ..records import best_records, load_records
+    best = best_records(load_records(log, target=target))
+    return sum(1 for t in tasks if t.workload_key in best)
+
+
+def evaluate_network(extraction, log: "os.PathLike | Sequence[os.PathLike]", target, repeat: int = 10,
+                     min_repeat_ms: int = 200) -> NetworkEvaluation:
+    """Build the default and the tuned network, compare their outputs, and time both.
+
+    The default build gives every task the parallel + vectorized default schedule; the tuned build
+    replaces each task that has a valid record in ``log`` (a log or a list of logs) by its best schedule.
+    Timing runs in this process (``TVM_NUM_THREADS`` must already be set).
+    """
+    from ..networks import apply_best, apply_history_best, build, compare_outputs, time_network
+    tuned_mod = apply_history_best(extraction.mod, extraction.tasks, log, target=target)
+    default_mod = apply_best(extraction.mod, extraction.tasks, {}, target=target)
+    tuned_exe, default_exe = build(tuned_mod, target), build(default_mod, target)
+    net = extraction.network
+    comparison = compare_outputs(net, tuned_exe, default_exe, target)
+    default = time_network(default_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    tuned = time_network(tuned_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    return NetworkEvaluation(default, tuned, comparison, tuned_task_count(extraction.tasks, log, target),
+                             len(extraction.tasks), tuned_exe)

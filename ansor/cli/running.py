@@ -1,0 +1,74 @@
+"""How every script runs: logging, exit statuses, one ``error:`` line for bad input, Ctrl-C, flag checks.
+
+Bad input raises :class:`~ansor.errors.AnsorError`; :func:`run_main` turns it into one line ``error: ...``
+on stderr and exit status 2 (1 for an error that is not the input's, such as Ray dying mid-run: the
+exception's ``exit_code``), and Ctrl-C into a short message and exit status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..errors import AnsorError, short_message
+
+#: Exit statuses of every script.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(message)s")
+
+
+class OpenLog:
+    """The log a tuning run is appending to: after Ctrl-C the message names it, for ``--resume``."""
+
+    def __init__(self) -> None:
+        self.path: Optional[Path] = None
+
+    def interrupted(self) -> str:
+        if self.path is None:
+            return "interrupted"
+        return f"interrupted: finished measurements are in {self.path}; rerun with --resume"
+
+
+def run_main(run: Callable[[argparse.Namespace], int], args: argparse.Namespace,
+             log: Optional[OpenLog] = None) -> int:
+    """Set up logging (``args.verbose``), then call ``run(args)``: bad input (:class:`AnsorError`) ->
+    ``error: ...`` and 2, Ctrl-C -> 130 (naming ``log``'s file if one is open)."""
+    setup_logging(getattr(args, "verbose", False))
+    try:
+        return run(args)
+    except AnsorError as err:
+        print(f"error: {short_message(err, None, pick='joined')}", file=sys.stderr)
+        return getattr(err, "exit_code", EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        print(f"\n{log.interrupted() if log else 'interrupted'}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def run_tuning_main(run: Callable[[argparse.Namespace, OpenLog], int], args: argparse.Namespace) -> int:
+    """:func:`run_main` for a script that appends to a tuning log: ``run`` sets ``log.path`` while it does."""
+    log = OpenLog()
+    return run_main(lambda a: run(a, log), args, log)
+
+
+def check_positive(flag: str, value: Optional[float], example: str) -> None:
+    """Raise a one-line :class:`AnsorError` unless ``value`` (when given) is positive."""
+    if value is not None and not (value > 0 and math.isfinite(value)):
+        raise AnsorError(f"{flag} must be a positive number, got {value} (example: {flag} {example})")
+
+
+#: Seeds go to Python's and NumPy's generators and to XGBoost, whose seed is a 32-bit integer.
+MAX_SEED = 2 ** 31 - 1
+
+
+def check_seed(seed: int) -> None:
+    """Raise a one-line :class:`AnsorError` unless ``--seed`` is in 0..MAX_SEED."""
+    if not 0 <= seed <= MAX_SEED:
+        raise AnsorError(f"--seed must be an integer from 0 to {MAX_SEED}, got {seed} (example: --seed 0)")

@@ -1,0 +1,53 @@
+"""The target of a script's ``--target`` flag, and the thread count its kernels run with."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from typing import Optional, Sequence
+
+logger = logging.getLogger("ansor")
+
+
+def set_tvm_threads(target) -> int:
+    """Set ``TVM_NUM_THREADS`` to the target's core count unless the user set it; returns the count in force.
+
+    TVM sizes its CPU thread pool once, from this variable, when the first kernel runs; Ray workers inherit
+    the environment. Without it a 2-vCPU machine runs every kernel on one thread.
+    """
+    cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else 1
+    os.environ.setdefault("TVM_NUM_THREADS", str(cores))
+    return int(os.environ["TVM_NUM_THREADS"])
+
+
+def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = None):
+    """:func:`~ansor.target.parse_target` then :func:`set_tvm_threads`; returns the target.
+
+    A CUDA target given without ``arch`` gets the arch of a GPU of the Ray cluster (``ray_address``, else
+    a local instance started just for the question); with no GPU there, TVM's default stays and
+    measurement will say that no GPU can run the candidates.
+    """
+    from ..target import is_gpu, parse_target
+    target = parse_target(text)
+    if is_gpu(target) and "arch" not in (text or ""):
+        from ..measure.ray_session import RaySession, cluster_cuda_arch
+        session = RaySession.open(ray_address)
+        try:
+            arch = cluster_cuda_arch()
+        finally:
+            session.close()
+        if arch:
+            target = parse_target({**json.loads(str(target)), "arch": arch})
+            logger.info("CUDA arch %s detected on the cluster's GPU", arch)
+    set_tvm_threads(target)
+    return target
+
+
+def log_target(paths: Sequence[os.PathLike], keys: Optional[set[str]] = None) -> Optional[str]:
+    """The target most records in ``paths`` were measured for (only records of ``keys`` if given)."""
+    from ..records import load_records
+    counts = Counter(rec.task.target_str for rec in load_records(list(paths))
+                     if keys is None or rec.workload_key in keys)
+    return counts.most_common(1)[0][0] if counts else None

@@ -1,0 +1,140 @@
+"""The package reads bottom-up: its import graph has no cycle, and no module imports another's private names.
+
+A static check (``ast``, nothing imported): every ``import`` counts, including the ones inside functions,
+which hide a cycle from the interpreter but not from a reader. Imports under ``if TYPE_CHECKING:`` are left
+out: they name a type for a hint and never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ansor"
+
+#: The core of docs/design.md (``transform_steps``: the package and its modules).
+CORE = ("access", "errors", "loop_nest", "transform_steps", "loop_state", "replay", "compute_dag", "layout_rewrite",
+        "target", "workloads", "search_task", "apply", "measurement", "tvm_json", "record_parse", "records", "database",
+        "best")
+#: What the core never imports: the layers above it, Ray and XGBoost.
+FORBIDDEN_IN_CORE = ("ansor.measure", "ansor.sketch", "ansor.cost_model", "ansor.task_scheduler", "ansor.networks",
+                     "ansor.relax", "ansor.tuning", "ray", "xgboost")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """Every import statement, at any depth, outside ``if TYPE_CHECKING:`` blocks."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            yield from (n for child in node.orelse for n in _imports(ast.Module(body=[child], type_ignores=[])))
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        yield from _imports(node)
+
+
+def _base(module: str, node: ast.ImportFrom) -> str:
+    """The absolute module an ``ImportFrom`` reads from."""
+    if not node.level:
+        return node.module or ""
+    is_package = MODULES[module].name == "__init__.py"
+    parts = module.split(".")
+    anchor = parts if is_package else parts[:-1]
+    anchor = anchor[: len(anchor) - (node.level - 1)]
+    return ".".join(anchor + ([node.module] if node.module else []))
+
+
+def import_edges(module: str) -> list[tuple[str, str, int]]:
+    """(imported module, imported name or "", line) for each name ``module`` imports."""
+    tree = ast.parse(MODULES[module].read_text(), str(MODULES[module]))
+    edges = []
+    for node in _imports(tree):
+        if isinstance(node, ast.Import):
+            edges += [(alias.name, "", node.lineno) for alias in node.names]
+            continue
+        base = _base(module, node)
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            edges.append((sub, "", node.lineno) if sub in MODULES else (base, alias.name, node.lineno))
+    return edges
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: {target for target, _, _ in import_edges(m) if target in MODULES and target != m} for m in MODULES}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_checker_finds_a_cycle_and_function_local_imports(tmp_path):
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    tree = ast.parse("import x\nif TYPE_CHECKING:\n    import y\ndef f():\n    import z\n")
+    assert [n.names[0].name for n in _imports(tree)] == ["x", "z"]
+
+
+def test_no_import_cycle():
+    found = cycles(graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_no_private_name_imported_across_modules():
+    bad = [f"{m}:{line} imports {name} from {target}"
+           for m in MODULES for target, name, line in import_edges(m)
+           if target.startswith("ansor") and name.startswith("_") and target != m]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("core", CORE)
+def test_core_imports_no_upper_layer(core):
+    modules = [m for m in MODULES if m == f"ansor.{core}" or m.startswith(f"ansor.{core}.")]
+    assert modules, f"ansor.{core} is gone: update CORE here and the layers in docs/design.md"
+    bad = [f"{m}:{line} imports {target}" for m in modules for target, _, line in import_edges(m)
+           if any(target == f or target.startswith(f + ".") for f in FORBIDDEN_IN_CORE)]
+    assert not bad, "\n".join(bad)
