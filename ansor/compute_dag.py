@@ -170,37 +170,6 @@ class ComputeDAG:
         """Floating-point operations of one run (a multiply-add counts 2)."""
         return float(sum(s.flops for s in self.stages))
 
-    def consumers(self, stage_id: int) -> list[int]:
-        """Stages that read this stage's output."""
-        writes = set(self.stages[stage_id].block.write_buffers())
-        return [i for i, s in enumerate(self.stages) if writes & set(s.block.read_buffers())]
-
-    def elementwise_match(self, stage_id: int, target_id: int) -> bool:
-        """True if data flows from ``stage_id`` to ``target_id`` through single-consumer, element-wise steps.
-
-        Each link must read its producer's output at exactly its own spatial indices, with equal shapes,
-        so a tile of the producer maps onto the same tile of the target (Ansor's fusion condition).
-        """
-        cur = stage_id
-        while cur != target_id:
-            consumers = self.consumers(cur)
-            if len(consumers) != 1:
-                return False
-            nxt = consumers[0]
-            out = self.stages[cur].block.writes[0]
-            nstage = self.stages[nxt]
-            if nstage.is_reduction:
-                return False
-            out_spatial = [v for v in nstage.block.vars if v.kind == IterKind.SPATIAL]
-            out_vars = [v.name for v in out_spatial]
-            if self.buffer_shapes[out.buffer] != tuple(v.extent for v in out_spatial):
-                return False
-            for acc in nstage.block.reads_of(out.buffer):
-                if [None if i is None or i.const else i.single_var() for i in acc.indices] != out_vars:
-                    return False
-            cur = nxt
-        return True
-
     # ------------------------------------------------------------------ states
     def init_state(self) -> "State":
         """The untransformed loop state: every stage at the root with its original loops."""

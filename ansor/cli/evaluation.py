@@ -23,14 +23,14 @@ class NetworkEvaluation:
         return self.default.mean_ms / self.tuned.mean_ms
 
 
-def tuned_task_count(tasks, log: "os.PathLike | Sequence[os.PathLike]", target) -> int:
+def tuned_task_count(tasks, log: os.PathLike | Sequence[os.PathLike], target) -> int:
     """How many of ``tasks`` have a valid record in the log or logs (for ``target``)."""
     from ..records import best_records, load_records
     best = best_records(load_records(log, target=target))
     return sum(1 for t in tasks if t.workload_key in best)
 
 
-def evaluate_network(extraction, log: "os.PathLike | Sequence[os.PathLike]", target, repeat: int = 10,
+def evaluate_network(extraction, log: os.PathLike | Sequence[os.PathLike], target, repeat: int = 10,
                      min_repeat_ms: int = 200) -> NetworkEvaluation:
     """Build the default and the tuned network, compare their outputs, and time both.
 
