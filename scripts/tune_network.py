@@ -23,7 +23,6 @@ outputs, 2 bad input (the message says which), 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from ansor.cli.networks import add_network_args
+    from ansor.cli.options import add_build_memory_arg, add_ray_address_arg
 
     parser = argparse.ArgumentParser(
         prog="tune_network.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,14 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--load-model", default=None, metavar="FILE",
                         help="start from a cost model saved by scripts/train_cost_model.py")
     parser.add_argument("--seed", type=int, default=0, help="search and scheduler seed (default 0)")
-    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
-                        help="join this Ray cluster instead of starting a local one (default: $RAY_ADDRESS, "
-                             "else a local Ray listening on 127.0.0.1 only). Joining trusts the cluster: "
-                             "candidates and their inputs go to its nodes, and anyone who can reach its ports "
-                             "can run code as its user unless it was started with token authentication")
-    parser.add_argument("--build-memory-gib", type=float, default=None, metavar="G",
-                        help="memory cap of each build worker in GiB; a build that needs more fails "
-                             "(default: 3/4 of a node's memory / its CPUs, at least 2)")
+    add_ray_address_arg(parser)
+    add_build_memory_arg(parser)
     parser.add_argument("--repeat", type=int, default=10,
                         help="timing repeats (each at least 200 ms) of the final end-to-end measurement "
                              "(default 10)")
@@ -89,18 +83,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from ansor.cli.running import run_tuning_main
+    from ansor.cli.options import run_tuning_main
     return run_tuning_main(run, args)
 
 
 def run(args: argparse.Namespace, log) -> int:
     from ansor.cli.logs import check_log_file, log_name
     from ansor.cli.networks import load_network
-    from ansor.cli.options import check_tuning_flags, open_database
+    from ansor.cli.options import open_database
     from ansor.cli.running import check_positive
     from ansor.cli.targets import parse_target_and_threads
 
-    check_tuning_flags(args)
     check_positive("--early-stopping", args.early_stopping, "64")
     check_positive("--repeat", args.repeat, "10")
     if args.minutes is not None and not args.minutes > 0:

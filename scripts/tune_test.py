@@ -21,6 +21,8 @@ from pathlib import Path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from ansor.cli.options import add_build_memory_arg, add_ray_address_arg
+
     parser = argparse.ArgumentParser(
         prog="tune_test.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wkl", default="matmul-512",
@@ -40,37 +42,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a directory of logs: the task's records there (any log, same target) are its "
                              "history and count towards --n-trials; the log defaults to DIR/<workload>.json")
     parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
-    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
-                        help="join this Ray cluster instead of starting a local one (default: $RAY_ADDRESS, "
-                             "else a local Ray listening on 127.0.0.1 only). Joining trusts the cluster: "
-                             "candidates and their inputs go to its nodes, and anyone who can reach its ports "
-                             "can run code as its user unless it was started with token authentication")
+    add_ray_address_arg(parser)
     parser.add_argument("--cost-model", choices=("xgb", "random"), default="xgb",
                         help="cost model that ranks candidates (default xgb)")
     parser.add_argument("--load-model", default=None,
                         help="start from a cost model saved by scripts/train_cost_model.py")
     parser.add_argument("--per-round", type=int, default=16,
                         help="candidates measured per search round (default 16)")
-    parser.add_argument("--build-memory-gib", type=float, default=None, metavar="G",
-                        help="memory cap of each build worker in GiB; a build that needs more fails "
-                             "(default: 3/4 of a node's memory / its CPUs, at least 2)")
+    add_build_memory_arg(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log search details")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from ansor.cli.running import run_tuning_main
+    from ansor.cli.options import run_tuning_main
     return run_tuning_main(run, args)
 
 
 def run(args: argparse.Namespace, log) -> int:
     from ansor.cli.logs import check_log_file
-    from ansor.cli.options import check_tuning_flags, open_database, tuning_options
+    from ansor.cli.options import open_database, tuning_options
     from ansor.cli.running import EXIT_FAILED
     from ansor.cli.targets import parse_target_and_threads
 
-    check_tuning_flags(args)
     # TVM sizes its thread pool once, from TVM_NUM_THREADS: set it before any kernel runs in this process.
     target = parse_target_and_threads(args.target, args.ray_address)
 

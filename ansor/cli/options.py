@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+import os
+from typing import Callable, Optional, Sequence
 
-from .running import check_positive, check_seed
+from .running import OpenLog, check_positive, check_seed, run_main
+
+
+def run_tuning_main(run: Callable[[argparse.Namespace, OpenLog], int], args: argparse.Namespace) -> int:
+    """:func:`~ansor.cli.running.run_main` for a script that tunes into a log: the flags every tuning script
+    has are checked first, and ``run`` sets ``log.path`` while it appends, so Ctrl-C can name the log."""
+    log = OpenLog()
+
+    def checked(a: argparse.Namespace) -> int:
+        check_tuning_flags(a)
+        return run(a, log)
+
+    return run_main(checked, args, log)
 
 
 def check_tuning_flags(args: argparse.Namespace) -> None:
@@ -39,3 +52,19 @@ def open_database(path: Optional[str]):
         return None
     from ..database import Database
     return Database(path)
+
+
+def add_ray_address_arg(parser: argparse.ArgumentParser) -> None:
+    """``--ray-address`` of the tuning scripts."""
+    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
+                        help="join this Ray cluster instead of starting a local one (default: $RAY_ADDRESS, "
+                             "else a local Ray listening on 127.0.0.1 only). Joining trusts the cluster: "
+                             "candidates and their inputs go to its nodes, and anyone who can reach its ports "
+                             "can run code as its user unless it was started with token authentication")
+
+
+def add_build_memory_arg(parser: argparse.ArgumentParser) -> None:
+    """``--build-memory-gib`` of the tuning scripts."""
+    parser.add_argument("--build-memory-gib", type=float, default=None, metavar="G",
+                        help="memory cap of each build worker in GiB; a build that needs more fails "
+                             "(default: 3/4 of a node's memory / its CPUs, at least 2)")

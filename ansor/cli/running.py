@@ -52,12 +52,6 @@ def run_main(run: Callable[[argparse.Namespace], int], args: argparse.Namespace,
         return EXIT_INTERRUPTED
 
 
-def run_tuning_main(run: Callable[[argparse.Namespace, OpenLog], int], args: argparse.Namespace) -> int:
-    """:func:`run_main` for a script that appends to a tuning log: ``run`` sets ``log.path`` while it does."""
-    log = OpenLog()
-    return run_main(lambda a: run(a, log), args, log)
-
-
 def check_positive(flag: str, value: Optional[float], example: str) -> None:
     """Raise a one-line :class:`AnsorError` unless ``value`` (when given) is positive."""
     if value is not None and not (value > 0 and math.isfinite(value)):
