@@ -26,6 +26,17 @@ def overlaps(a, b) -> bool:
     return a.start < b.end and b.start < a.end
 
 
+def tiled(task: SearchTask, inner_i: int):
+    """A fast matmul program: i0 j0 (parallel) i1 k j1 (16 lanes, vectorized)."""
+    s = task.compute_dag.init_state()
+    s.split(0, 0, [inner_i])  # i0 i1 j k
+    s.split(0, 2, [16])  # i0 i1 j0 j1 k
+    s.reorder(0, [0, 2, 1, 4, 3])  # i0 j0 i1 k j1
+    s.annotate(0, 0, "parallel")
+    s.annotate(0, 4, "vectorize")
+    return s
+
+
 @pytest.fixture(scope="module")
 def matmul128():
     return SearchTask.from_workload("matmul-128")
@@ -64,13 +75,7 @@ def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, m
 
 
 def test_a_far_slower_candidate_is_timed_by_one_run(local_ray, matmul128):
-    tiled = matmul128.compute_dag.init_state()
-    tiled.split(0, 0, [16])  # i0 i1 j k
-    tiled.split(0, 2, [16])  # i0 i1 j0 j1 k
-    tiled.reorder(0, [0, 2, 1, 4, 3])  # i0 j0 i1 k j1
-    tiled.annotate(0, 0, "parallel")
-    tiled.annotate(0, 4, "vectorize")
-    fast = MeasureInput(matmul128, tiled)
+    fast = MeasureInput(matmul128, tiled(matmul128, 16))
     naive = MeasureInput(matmul128, matmul128.compute_dag.init_state())  # one thread, no vectorization
     for order in ([fast, naive], [naive, fast]):  # a task's first batch probes all before timing any
         with ProgramMeasurer(min_repeat_ms=10) as m:
@@ -216,12 +221,7 @@ def test_prepacked_constant_weight_is_checked_and_timed(local_ray, matmul128):
                        workload_key="matmul-128-const-b")
     inputs = []
     for task in (const, matmul128):
-        s = task.compute_dag.init_state()
-        s.split(0, 0, [4])  # i0 i1 j k
-        s.split(0, 2, [16])  # i0 i1 j0 j1 k
-        s.reorder(0, [0, 2, 1, 4, 3])  # i0 j0 i1 k j1
-        s.annotate(0, 0, "parallel")
-        s.annotate(0, 4, "vectorize")
+        s = tiled(task, 4)
         s.layout_rewrite(0, "B")
         inputs.append(MeasureInput(task, s))
     with ProgramMeasurer(min_repeat_ms=10) as m:
