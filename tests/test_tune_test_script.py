@@ -79,6 +79,7 @@ def run_sampling_listeners(*args: str, timeout: int = 300) -> tuple[subprocess.C
     (["--target", "nosuchkind"], "examples:"),
     (["--target", "llvm -mcpu='x"], "No closing quotation"),
     (["--target", "llvm -mcpu=x"], "valid -mcpu values"),
+    (["--target", "llvm -mtriple=nosuch-linux-gnu"], "valid architectures: aarch64"),
     (["--target", "llvm -num-cores=0"], "num-cores must be a positive integer"),
     (["--seed", "-1"], "--seed must be an integer from 0"),
     (["--wkl", "matmul-99999999999999999999"], "too large"),
