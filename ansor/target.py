@@ -54,6 +54,7 @@ def parse_target(text: Union[str, dict, tvm.target.Target, None]) -> tvm.target.
             config = _parse_cli(text)
     kind = config.get("kind")
     if kind == "llvm":
+        _check_triple(text, config)
         config.setdefault("mcpu", tvm.target.codegen.llvm_get_system_cpu())
         config.setdefault("num-cores", physical_cores())
         _check_mcpu(text, config)
@@ -67,6 +68,18 @@ def parse_target(text: Union[str, dict, tvm.target.Target, None]) -> tvm.target.
     except Exception as err:  # TVM raises ValueError/RuntimeError with a long trace
         raise TargetError(f"bad target {text!r}: {short_message(err, None)}; "
                           f"examples: {', '.join(TARGET_EXAMPLES)}") from None
+
+
+def _check_triple(text: Any, config: dict[str, Any]) -> None:
+    """An architecture LLVM lacks is an error here: TVM accepts it, then crashes the process (SIGSEGV) when
+    asked about that target's CPUs or features (a target read from a log is data from anywhere)."""
+    triple = config.get("mtriple")
+    if triple is None:
+        return
+    known = sorted(map(str, tvm.target.codegen.llvm_get_targets()))
+    if not isinstance(triple, str) or triple.split("-")[0] not in known:
+        raise TargetError(f"bad target {text!r}: LLVM does not know the architecture of -mtriple={triple!r}; "
+                          f"valid architectures: {', '.join(known)}")
 
 
 def _check_mcpu(text: Any, config: dict[str, Any]) -> None:

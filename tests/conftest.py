@@ -32,3 +32,44 @@ def matmul_inputs():
         return inputs
 
     return make
+
+
+#: Calls a script's ``main(argv)`` for each argv in one process: importing TVM once instead of once a case.
+_MAIN_PER_CASE = """
+import contextlib, importlib.util, io, json, sys, traceback
+spec = importlib.util.spec_from_file_location("script_under_test", sys.argv[1])
+script = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(script)
+results = []
+for argv in json.loads(sys.stdin.read()):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = script.main(argv)
+        except SystemExit as exit:  # argparse's own errors
+            code = exit.code
+        except BaseException:
+            traceback.print_exc()
+            code = None
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="session")
+def run_main_per_case():
+    """``run(script, cases, cwd)`` -> ``[(exit code, stderr)]``: each argv through the script's real ``main``,
+    all in one fresh process (a user's environment: no Ray variables)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def run(script, cases: list[list[str]], cwd) -> list[tuple[int, str]]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        proc = subprocess.run([sys.executable, "-c", _MAIN_PER_CASE, str(script)], input=json.dumps(cases),
+                              capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [tuple(r) for r in json.loads(proc.stdout.splitlines()[-1])]
+
+    return run

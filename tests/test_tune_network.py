@@ -176,7 +176,7 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     assert len(set(after)) == len(after), "a state was measured twice"
 
 
-@pytest.mark.parametrize("args, needle", [
+BAD_INPUT = [
     (["--network", "no-such-net"], "valid names: resnet-50, mobilenet-v2"),
     ([], "--network NAME"),
     (["--onnx", "{tmp}/missing.onnx"], "no such ONNX file"),
@@ -186,17 +186,31 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     (["--network", "tiny-cnn", "--batch-size", "0"], "--batch-size must be a positive number"),
     (["--network", "tiny-cnn", "--eval-only"], "logs/tiny-cnn-b1.json does not exist"),
     (["--network", "tiny-cnn", "--seed", "-1"], "--seed must be an integer from 0"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
-    (tmp_path / "garbage.onnx").write_bytes(b"this is not a protobuf \x00\xff")
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(run_main_per_case, tmp_path_factory):
+    """Every case in one process, from a directory of its own (the cases must not create ``logs/``)."""
+    cwd = tmp_path_factory.mktemp("bad-input")
+    (cwd / "garbage.onnx").write_bytes(b"this is not a protobuf \x00\xff")
+    runs = run_main_per_case(SCRIPTS / "tune_network.py", [[a.format(tmp=cwd) for a in args] for args, _ in BAD_INPUT],
+                             cwd)
+    return runs, cwd
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2(case, bad_input_runs):
+    args, needle = BAD_INPUT[case]
+    runs, cwd = bad_input_runs
     if "--onnx" in args and importlib.util.find_spec("onnx") is None:
         needle = "pip install"
-    proc = run("tune_network.py", *[a.format(tmp=tmp_path) for a in args], timeout=120, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "logs").exists()
+    code, stderr = runs[case]
+    assert code == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], stderr
+    assert "Traceback" not in stderr
+    assert not (cwd / "logs").exists()
 
 
 def test_onnx_model_with_a_sequence_input_is_one_line_and_exit_2(tmp_path):

@@ -70,7 +70,7 @@ def run_sampling_listeners(*args: str, timeout: int = 300) -> tuple[subprocess.C
         return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read()), local, exposed
 
 
-@pytest.mark.parametrize("args, needle", [
+BAD_INPUT = [
     (["--wkl", "matmul-foo"], "matmul-N"),
     (["--n-trials", "0"], "--n-trials 64"),
     (["--n-trials", "-3"], "--n-trials 64"),
@@ -79,17 +79,27 @@ def run_sampling_listeners(*args: str, timeout: int = 300) -> tuple[subprocess.C
     (["--target", "nosuchkind"], "examples:"),
     (["--target", "llvm -mcpu='x"], "No closing quotation"),
     (["--target", "llvm -mcpu=x"], "valid -mcpu values"),
+    (["--target", "llvm -mtriple=nosuch-linux-gnu"], "valid architectures: aarch64"),
     (["--target", "llvm -num-cores=0"], "num-cores must be a positive integer"),
     (["--seed", "-1"], "--seed must be an integer from 0"),
     (["--wkl", "matmul-99999999999999999999"], "too large"),
     (["--build-memory-gib", "0"], "--build-memory-gib 8"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, needle):
-    proc = run(*args, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(run_main_per_case):
+    return run_main_per_case(SCRIPT, [args for args, _ in BAD_INPUT], ROOT)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2(case, bad_input_runs):
+    needle = BAD_INPUT[case][1]
+    code, stderr = bad_input_runs[case]
+    assert code == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], stderr
+    assert "Traceback" not in stderr
 
 
 def test_unreachable_ray_address_fails_in_seconds(tmp_path):
@@ -144,9 +154,10 @@ def _steps_of(log: Path) -> list[str]:
 
 
 def test_short_run_listens_on_loopback_only_then_resume_measures_nothing_twice(tmp_path):
-    log = tmp_path / "mm.json"
+    """A run into a database, resumed by its log file, then rerun on a spent budget: nothing measured twice."""
+    db = tmp_path / "db"
     first, local, exposed = run_sampling_listeners("--wkl", "matmul-64", "--n-trials", "8", "--per-round", "4",
-                                                   "--log-file", str(log), "--cost-model", "random")
+                                                   "--database", str(db), "--cost-model", "random")
     assert first.returncode == 0, first.stderr[-2000:]
     # Ray's servers (GCS, raylet, workers, agents) were seen, and none of them listened beyond loopback.
     names = {name for name, _, _ in local | exposed}
@@ -154,6 +165,7 @@ def test_short_run_listens_on_loopback_only_then_resume_measures_nothing_twice(t
     assert not exposed, sorted(exposed)
     assert "Best program:" in first.stdout and "GFLOPS" in first.stdout
     assert "Lowered TIR" in first.stdout
+    log = db / "matmul-64.json"  # the log defaults to DIR/<workload>.json
     assert len(_steps_of(log)) == 8
     second = run("--wkl", "matmul-64", "--n-trials", "12", "--per-round", "4", "--log-file", str(log),
                  "--resume", "--cost-model", "random")
@@ -162,16 +174,8 @@ def test_short_run_listens_on_loopback_only_then_resume_measures_nothing_twice(t
     assert len(steps) == 12  # 8 resumed + 4 new
     assert len(set(steps)) == 12  # nothing measured twice
     assert "(8 resumed)" in second.stdout
-
-
-def test_database_dir_holds_the_log_and_a_spent_budget_measures_nothing(tmp_path):
-    db = tmp_path / "db"
-    first = run("--wkl", "matmul-64", "--n-trials", "4", "--per-round", "4", "--database", str(db),
-                "--cost-model", "random")
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert len(_steps_of(db / "matmul-64.json")) == 4  # the log defaults to DIR/<workload>.json
     other = tmp_path / "other.json"
-    second = run("--wkl", "matmul-64", "--n-trials", "4", "--database", str(db), "--log-file", str(other))
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert "(4 resumed)" in second.stdout and "Best program:" in second.stdout
+    spent = run("--wkl", "matmul-64", "--n-trials", "12", "--database", str(db), "--log-file", str(other))
+    assert spent.returncode == 0, spent.stderr[-2000:]
+    assert "(12 resumed)" in spent.stdout and "Best program:" in spent.stdout
     assert not other.exists() or _steps_of(other) == []
