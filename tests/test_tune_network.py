@@ -261,7 +261,8 @@ def test_plot_data_and_missing_matplotlib(tuned, tmp_path):
     stub = tmp_path / "stub" / "matplotlib"
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
-    no_mpl = {"PYTHONPATH": str(stub.parent)}
+    # The stub goes first; the rest of PYTHONPATH stays, so the script imports this checkout's ansor.
+    no_mpl = {"PYTHONPATH": os.pathsep.join(p for p in (str(stub.parent), os.environ.get("PYTHONPATH")) if p)}
     proc = run("plot_tuning_curve.py", tuned[0], "--out", tmp_path / "c.png", extra_env=no_mpl, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
