@@ -10,7 +10,9 @@ from typing import Any
 from ..measurement import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span, program_results
 
 _LAZY = {
+    "ProgramBuilder": ".measurer",
     "ProgramMeasurer": ".measurer",
+    "ProgramRunner": ".measurer",
     "MeasureCallback": ".callbacks",
     "ProgressLogger": ".callbacks",
     "RecordToFile": ".callbacks",
