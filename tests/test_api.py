@@ -1,4 +1,5 @@
-"""The Python API for one program: ansor.tune, tune_task, apply_best/print_best, options, database.
+"""The Python API for one program: ansor.tune, tune_task, apply_best/print_best (also as SearchTask methods),
+options, database.
 
 Real tuning on one local Ray shared by the module, with a 32x32x32 matmul and a handful of trials.
 """
@@ -8,6 +9,7 @@ import argparse
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import te
 
 import ansor
@@ -81,9 +83,11 @@ def test_search_task_tune_in_auto_scheduler_vocabulary(tuned):
     log, result, _ = tuned
     task = ansor.SearchTask(te.create_prim_func(matmul()), TARGET)
     assert task.workload_key == result.task.workload_key  # the same program is the same task
-    again = ansor.tune_task(task, ansor.TuningOptions(num_measure_trials=4, early_stopping=2), log_file=log)
+    again = task.tune(ansor.TuningOptions(num_measure_trials=4, early_stopping=2), log_file=log)
     assert again.task is task and again.measured == 0 and again.best_cost == result.best_cost
-    assert isinstance(ansor.apply_best(task, log), tvm.IRModule)
+    assert task.best_record(log).result.mean_cost == result.best_cost
+    assert tvm_ffi.structural_equal(task.apply_best(log), ansor.apply_best(task, log))
+    assert task.print_best(log) == ansor.print_best(task, log)
 
 
 def test_scripts_and_api_share_one_timing_definition(local_ray):

@@ -138,3 +138,11 @@ def test_core_imports_no_upper_layer(core):
     bad = [f"{m}:{line} imports {target}" for m in modules for target, _, line in import_edges(m)
            if any(target == f or target.startswith(f + ".") for f in FORBIDDEN_IN_CORE)]
     assert not bad, "\n".join(bad)
+
+
+def test_only_the_task_methods_reach_the_facade():
+    """``import ansor`` inside the package would hide any edge behind the facade's lazy names. One use is
+    allowed: SearchTask's ``tune``/``apply_best``/``print_best``/``best_record``, auto_scheduler's spelling of
+    the functions of the layers above the task (which the record reader builds, so it cannot import them)."""
+    users = {m for m in MODULES for target, _, _ in import_edges(m) if target == "ansor" and m != "ansor"}
+    assert users <= {"ansor.search_task"}, sorted(users)
