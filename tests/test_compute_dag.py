@@ -6,48 +6,11 @@ from tvm import te
 from ansor import AnsorError, ComputeDAG
 from ansor.access import IterKind
 from ansor.search_task import SearchTask
+from ansor.sketch.rules import single_elementwise_consumer
 
 
 def dag(name: str) -> ComputeDAG:
     return SearchTask.from_workload(name).compute_dag
-
-
-# What the DAG's stages say about data flow, asked the way Ansor's fusion rule asks it.
-def producers(d: ComputeDAG, stage_id: int) -> list[int]:
-    """Stages whose output stage ``stage_id`` reads."""
-    reads = set(d.stages[stage_id].block.read_buffers())
-    return [i for i, s in enumerate(d.stages) if reads & set(s.block.write_buffers())]
-
-
-def consumers(d: ComputeDAG, stage_id: int) -> list[int]:
-    """Stages that read the output of stage ``stage_id``."""
-    writes = set(d.stages[stage_id].block.write_buffers())
-    return [i for i, s in enumerate(d.stages) if writes & set(s.block.read_buffers())]
-
-
-def elementwise_match(d: ComputeDAG, stage_id: int, target_id: int) -> bool:
-    """Data flows from ``stage_id`` to ``target_id`` through single-consumer stages, each reading its
-    producer's output at exactly its own spatial indices (so a tile maps onto the same tile)."""
-    cur = stage_id
-    while cur != target_id:
-        after = consumers(d, cur)
-        if len(after) != 1 or d.stages[after[0]].is_reduction:
-            return False
-        out, nstage = d.stages[cur].block.writes[0], d.stages[after[0]]
-        spatial = [v for v in nstage.block.vars if v.kind == IterKind.SPATIAL]
-        if d.buffer_shapes[out.buffer] != tuple(v.extent for v in spatial):
-            return False
-        for acc in nstage.block.reads_of(out.buffer):
-            if [None if i is None or i.const else i.single_var() for i in acc.indices] != [v.name for v in spatial]:
-                return False
-        cur = after[0]
-    return True
-
-
-def single_elementwise_consumer(d: ComputeDAG, stage_id: int):
-    """The id of the only consumer of the stage if it is element-wise matched, else None."""
-    after = consumers(d, stage_id)
-    return after[0] if len(after) == 1 and elementwise_match(d, stage_id, after[0]) else None
 
 
 def test_matmul_512_flops_and_stages():
@@ -66,7 +29,8 @@ def test_conv2d_nhwc_flops_and_padding():
     pad, conv = d.stages
     assert pad.has_branch and not pad.strictly_inlineable  # if_then_else: Ansor never force-inlines it
     assert conv.needs_multi_level_tiling and conv.is_output
-    assert producers(d, 1) == [0] and consumers(d, 0) == [1]
+    state = d.init_state()
+    assert state.producers(1) == [0] and state.consumers(0) == [1]
 
 
 def test_conv_bias_relu_predicates():
@@ -76,9 +40,10 @@ def test_conv_bias_relu_predicates():
     pad, conv, bias, relu = d.stages
     assert bias.strictly_inlineable and not bias.needs_multi_level_tiling  # broadcast bias is no data reuse
     assert not relu.strictly_inlineable and relu.is_output
-    assert single_elementwise_consumer(d, 1) == 2
-    assert elementwise_match(d, 1, 3)  # conv -> bias -> relu, element-wise all the way
-    assert not elementwise_match(d, 0, 1)  # pad feeds a conv window, not an element
+    state = d.init_state()
+    # conv -> bias -> relu, element-wise all the way (Ansor's fusion test, as the sketch rules ask it)
+    assert single_elementwise_consumer(state, 1) == 2 and single_elementwise_consumer(state, 2) == 3
+    assert single_elementwise_consumer(state, 0) is None  # pad feeds a conv window, not an element
     n_out = 14 * 14 * 32
     assert d.flop_ct == 2 * n_out * 3 * 3 * 32 + n_out + n_out
 
@@ -95,7 +60,7 @@ def test_softmax_predicates_and_flops():
 
 def test_matmul_relu_elementwise_match():
     d = dag("matmul-relu-64")
-    assert single_elementwise_consumer(d, 0) == 1
+    assert single_elementwise_consumer(d.init_state(), 0) == 1
     assert not d.stages[0].is_output and d.stages[1].is_output
 
 
