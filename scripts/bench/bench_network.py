@@ -65,8 +65,11 @@ def tune(onnx: Path, log: Path, minutes: float, n_trials: int) -> tuple[float, i
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"tune_network.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    found = re.search(r"^tuning: (\d+) trials .* in (\d+\.\d+) s", proc.stderr, re.M)
-    return (float(found.group(2)), int(found.group(1))) if found else (float("nan"), 0)
+    found = re.search(r"^tuning: (\d+) new trials .* in (\d+\.\d+) s", proc.stderr, re.M)
+    if found is None:
+        raise SystemExit(f"tune_network.py did not print its 'tuning: N new trials ... in S s' line:\n"
+                         f"{proc.stderr[-3000:]}")
+    return float(found.group(2)), int(found.group(1))
 
 
 def tune_metaschedule(extraction, target, trials: int, work_dir: str):
