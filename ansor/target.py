@@ -72,12 +72,17 @@ def parse_target(text: Union[str, dict, tvm.target.Target, None]) -> tvm.target.
 
 def _check_triple(text: Any, config: dict[str, Any]) -> None:
     """An architecture LLVM lacks is an error here: TVM accepts it, then crashes the process (SIGSEGV) when
-    asked about that target's CPUs or features (a target read from a log is data from anywhere)."""
+    asked about that target's CPUs or features (a target read from a log is data from anywhere).
+
+    LLVM decides: a triple is known when its architecture is one of LLVM's target names (``nvptx64``) or
+    LLVM makes a ``generic`` CPU for it (``i686``, ``armv7a``, ``arm64``, ``amd64`` are spellings of those).
+    """
     triple = config.get("mtriple")
     if triple is None:
         return
     known = sorted(map(str, tvm.target.codegen.llvm_get_targets()))
-    if not isinstance(triple, str) or triple.split("-")[0] not in known:
+    if not isinstance(triple, str) or (triple.split("-")[0] not in known
+                                       and not tvm.target.codegen.llvm_is_valid_cpu("generic", triple)):
         raise TargetError(f"bad target {text!r}: LLVM does not know the architecture of -mtriple={triple!r}; "
                           f"valid architectures: {', '.join(known)}")
 
