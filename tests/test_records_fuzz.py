@@ -313,9 +313,6 @@ class _StopMeasurer:
     def measure(self, inputs):
         raise _Stop
 
-    def close(self):
-        pass
-
 
 def test_resume_path_on_mutated_logs(tmp_path, base_log, identities, tasks):
     """auto_schedule's own resume (load, filter by target, feed), stopped where the first round would start."""
