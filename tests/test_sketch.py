@@ -11,7 +11,7 @@ from ansor.loop_nest import AttachKind
 from ansor.access import IterKind
 from ansor import apply
 from ansor.search_task import SearchTask
-from ansor.sketch.annotation import factorizations
+from ansor.sketch.annotation import RegisterFile, factorizations, fill_tile_sizes, fits_registers
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.sketch.evolution import evolutionary_search, mutate_parallel, mutate_tile_size
 from ansor.sketch.rules import Cond, SketchRule
@@ -70,6 +70,37 @@ def test_factorizations():
     assert set(factorizations(8, 2)) == {(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2),
                                          (8, 1)}
     assert all(f[-1] <= 64 for f in factorizations(512, 3))
+
+
+def test_fits_registers_counts_accumulators_against_the_register_file():
+    # AVX2, float32: 8 lanes, 16 registers: 4 to 12 accumulators, the vector tile a multiple of 8.
+    assert fits_registers([(1, 1, 4), (1, 2, 16)], lanes=8, registers=16)  # 4 x 16 = 8 registers
+    assert not fits_registers([(1, 1, 8), (1, 1, 32)], lanes=8, registers=16)  # 32 registers: spills
+    assert not fits_registers([(1, 1, 6), (1, 1, 12)], lanes=8, registers=16)  # 12 is not whole vectors
+    assert not fits_registers([(1, 1, 1), (1, 1, 8)], lanes=8, registers=16)  # 1 FMA chain: latency-bound
+    assert fits_registers([(1, 1, 8), (1, 1, 32)], lanes=16, registers=32)  # AVX-512: 16 of 32
+
+
+@pytest.mark.parametrize("mcpu, registers, lanes", [("znver3", 16, 8), ("skylake-avx512", 32, 16)])
+def test_random_tiles_are_register_blocks_more_often_than_uniform_draws(mcpu, registers, lanes):
+    """The innermost tiles of matmul-512's tiled stage fit the target's registers in about half the random
+    programs (uniform draws: 12.5 % on AVX2, 6.5 % on AVX-512); the target is named, not the host's."""
+    task = SearchTask.from_workload("matmul-512", f"llvm -mcpu={mcpu} -num-cores=2")
+    regs = RegisterFile.of(task)
+    assert (regs.count, regs.vector_bytes) == (registers, lanes * 4)
+    sketch = generate_sketches(task)[0]
+    rng = random.Random(0)
+
+    def share(with_registers: bool) -> float:
+        hits = 0
+        for _ in range(400):
+            state = fill_tile_sizes(sketch, rng, regs if with_registers else None)
+            spatial = [s.lengths for s in state.steps if getattr(s, "lengths", ()) and len(s.lengths) == 3]
+            hits += fits_registers(spatial, lanes, registers)
+        return hits / 400
+
+    assert share(True) > 0.4
+    assert share(False) < 0.25
 
 
 @pytest.mark.parametrize("name", ["matmul-512", "softmax-4x1024", "nhwc-resnet-50.C2", "conv2d-bn-relu", "TBS"])
