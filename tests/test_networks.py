@@ -25,7 +25,7 @@ from ansor.layout_rewrite import packed_layouts
 from ansor.measurement import MeasureResult
 from ansor.networks import (
     Network, NetworkError, TensorSpec, apply_best, apply_history_best, build, check_against_default,
-    compare_outputs, extract, extract_tasks, get_network, load_onnx, network_names, schedule_task,
+    compare_outputs, extract, extract_tasks, get_network, load_onnx, network_names, profile_calls, schedule_task,
 )
 from ansor.records import RecordWriter
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
@@ -158,6 +158,21 @@ def test_tuned_tiny_cnn_matches_default_build(extractions):
             assert tvm_ffi.structural_equal(tuned[t.global_vars[0]].body, want.body)
         comparison = check_against_default(ex, tuned, TARGET)
         assert comparison.ok, comparison
+
+
+def test_call_profile_times_every_kernel_call_of_an_inference(extractions):
+    """The in-place profile sees each task's kernels as often as the network calls them, and nothing the
+    network does not call; a slower kernel shows as more milliseconds."""
+    net, ex = extractions["tiny-cnn"]
+    exe = build(apply_best(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
+    profile = profile_calls(exe, ex.network, target=TARGET, repeat=3)
+    kernels = {name: n for name, n in profile.calls.items() if not name.startswith("vm.builtin")}
+    assert kernels == {gv: 1 for t in ex.tasks for gv in t.global_vars}
+    assert all(profile.ms[name] > 0 for name in kernels) and profile.latency_ms > 0
+    assert "vm.builtin.alloc_tensor" in profile.calls
+    conv = max(ex.tasks, key=lambda t: t.task.flop_ct)
+    pool = min(ex.tasks, key=lambda t: t.task.flop_ct)
+    assert profile.ms[conv.global_vars[0]] > profile.ms[pool.global_vars[0]]
 
 
 def test_weights_are_packed_once_at_build_time(extractions):

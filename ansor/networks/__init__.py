@@ -16,7 +16,7 @@ from .apply_best import (
 )
 from .default_schedule import default_candidates, default_state, default_tir_schedule
 from .evaluate import (
-    OutputComparison, Timing, build, check_against_default, compare_outputs, run,
+    CallProfile, OutputComparison, Timing, build, check_against_default, compare_outputs, profile_calls, run,
     runtime_threads, time_network,
 )
 from .extract import Extraction, NetworkTask, SkippedFunc, extract, extract_tasks, fuse
@@ -26,9 +26,9 @@ from .prepare import prepare
 from .registry import describe_network, get_network, network_names
 
 __all__ = [
-    "Extraction", "Network", "NetworkError", "NetworkTask", "OutputComparison", "SkippedFunc", "TensorSpec",
+    "CallProfile", "Extraction", "Network", "NetworkError", "NetworkTask", "OutputComparison", "SkippedFunc", "TensorSpec",
     "Timing", "apply_best", "apply_history_best", "build", "check_against_default", "compare_outputs",
     "ScheduledFunc", "default_candidates", "default_scheduled", "default_state", "default_tir_schedule", "describe_network",
     "extract", "extract_tasks", "fuse", "get_network", "load_onnx", "network_names",
-    "prepare", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network",
+    "prepare", "profile_calls", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network",
 ]

@@ -8,7 +8,9 @@ runtime actually uses, so a wrong setting shows in every result.
 
 from __future__ import annotations
 
+import collections
 import logging
+import time
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -152,6 +154,53 @@ def time_network(executable: tvm.runtime.Executable, network: Network, inputs: O
                        "before the process starts TVM", network.name, timing.num_threads, int(cores), int(cores))
     logger.info("%s: %s", network.name, timing)
     return timing
+
+
+@dataclass(frozen=True)
+class CallProfile:
+    """Where one inference's time goes: wall milliseconds per inference and calls per inference of each
+    function the VM calls (kernels, and VM builtins such as ``vm.builtin.alloc_tensor``), and the
+    inference's own latency without the probe."""
+
+    ms: dict[str, float]
+    calls: dict[str, int]
+    latency_ms: float
+
+
+def profile_calls(executable: tvm.runtime.Executable, network: Network, inputs: Optional[Sequence[np.ndarray]] = None,
+                  target: TargetLike = None, repeat: int = 5) -> CallProfile:
+    """Time every call of a built network's VM function in place, on seeded inputs: kernels run in the
+    network's order with its caches (a kernel timed alone keeps its weights hot; here they are not).
+
+    TVM 0.27's Python VM has no profiler; the VM's instrument hook brackets each call with clock reads in
+    Python (microseconds per call, so the calls' sum can exceed ``latency_ms`` on a small network).
+    """
+    dev = _device(target)
+    vm = relax.VirtualMachine(executable, dev)
+    args = _vm_args(network, inputs, dev)
+    vm[network.entry](*args)  # warm up: first-run allocations and page faults
+    begin = time.perf_counter()
+    for _ in range(repeat):
+        vm[network.entry](*args)
+    latency_ms = (time.perf_counter() - begin) / repeat * 1e3
+    seconds: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    started: dict[str, float] = {}
+
+    def probe(_func, name: str, before_run: bool, _ret, *_args):
+        now = time.perf_counter()
+        if before_run:
+            started[name] = now
+        else:
+            seconds[name] += now - started.pop(name, now)
+            calls[name] += 1
+        return relax.VMInstrumentReturnKind.NO_OP
+
+    vm.set_instrument(probe)
+    for _ in range(repeat):
+        vm[network.entry](*args)
+    return CallProfile({k: v / repeat * 1e3 for k, v in seconds.items()},
+                       {k: v // repeat for k, v in calls.items()}, latency_ms)
 
 
 def compare_outputs(network: Network, executable: tvm.runtime.Executable, reference: tvm.runtime.Executable,

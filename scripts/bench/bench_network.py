@@ -18,8 +18,9 @@ For each model:
    (the runtimes come with the ``bench`` extra; a missing one is reported, not faked).
 
 Printed per model: each one's latency and ansor's speed relative to it, ansor's tuning minutes and trials,
-the per-task breakdown (share of the latency, GFLOPS, fraction of the machine's measured peak, see
-``peak.py``) and the time spent outside the tuned tasks; ``--plot`` draws latency against tuning minutes
+the per-task breakdown of the tuned build with every call timed in place (ms, share of the latency, GFLOPS,
+fraction of the machine's measured peak, see ``peak.py``, and the same task's time alone during tuning)
+and the time spent outside the tuned tasks (untuned functions, VM builtins); ``--plot`` draws latency against tuning minutes
 with the runtimes as horizontal lines (needs matplotlib).
 """
 
@@ -34,6 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from peak import cpu_description, measure_peak
 from peers import PeerResult, max_difference, onnxruntime_peer, openvino_peer, torch_peer
@@ -54,8 +56,23 @@ class ModelReport:
     tuned_ms: float = float("nan")
     default_ms: float = float("nan")
     peers: list[PeerResult] = field(default_factory=list)
-    breakdown: list[tuple[str, int, float, float]] = field(default_factory=list)  # name, weight, ms, GFLOPS
+    breakdown: list[TaskRow] = field(default_factory=list)
+    outside: list[tuple[str, float]] = field(default_factory=list)  # other functions the VM calls: name, ms
+    profile: Any = None  # ansor.networks.CallProfile of the tuned build
     error_vs_ort: float = float("nan")
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One tuned task in the tuned build: its calls per inference, the milliseconds they take in the
+    network (timed in place), the same calls timed alone during tuning (weight x best measurement), and
+    the GFLOPS they reach in the network."""
+
+    name: str
+    weight: int
+    network_ms: float
+    alone_ms: float
+    gflops: float
 
 
 def tune(onnx: Path, log: Path, minutes: float, n_trials: int) -> tuple[float, int]:
@@ -105,7 +122,7 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
              work: Path) -> list:
     """Time the builds along the tuning curve (minutes since the tuning command started, up to its last
     measurement), the final tuned build and the default build; returns the tuned build's outputs."""
-    from ansor.networks import apply_best, apply_history_best, build, run, time_network
+    from ansor.networks import apply_best, apply_history_best, build, profile_calls, run, time_network
     from ansor.records import load_records
     net = extraction.network
     minutes = (max((r.result.timestamp for r in load_records(log)), default=start) - start) / 60
@@ -120,6 +137,8 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
     tuned = build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)
     time.sleep(pause)
     report.tuned_ms = time_network(tuned, net, target=target, repeat=repeat).median_ms
+    time.sleep(pause)
+    report.profile = profile_calls(tuned, net, target=target, repeat=repeat)
     default = build(apply_best(extraction.mod, extraction.tasks, {}, target=target), target)
     time.sleep(pause)
     report.default_ms = time_network(default, net, target=target, repeat=repeat).median_ms
@@ -128,15 +147,23 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
 
 
 def breakdown(report: ModelReport, extraction, log: Path, target) -> None:
-    """Per task: weight, best measured ms of one call, GFLOPS (from the log's best records)."""
+    """Per task: its time in the tuned build (from the call profile), alone (the log's best records) and
+    GFLOPS in the network; and the other functions the VM calls, by time."""
     from ansor.records import best_records, load_records
     best = best_records(load_records(log, target=target))
+    profile = report.profile
+    in_tasks = set()
     for t in extraction.tasks:
         rec = best.get(t.workload_key)
-        if rec is not None:
-            ms = rec.result.mean_cost * 1e3
-            report.breakdown.append((t.name, t.weight, ms, t.task.flop_ct / rec.result.mean_cost / 1e9))
-    report.breakdown.sort(key=lambda row: -row[1] * row[2])
+        if rec is None:
+            continue
+        in_tasks.update(t.global_vars)
+        ms = sum(profile.ms.get(name, 0.0) for name in t.global_vars)
+        report.breakdown.append(TaskRow(t.name, t.weight, ms, t.weight * rec.result.mean_cost * 1e3,
+                                        t.weight * t.task.flop_ct / max(ms, 1e-9) / 1e6))
+    report.breakdown.sort(key=lambda row: -row.network_ms)
+    report.outside = sorted(((name, ms) for name, ms in profile.ms.items() if name not in in_tasks),
+                            key=lambda kv: -kv[1])
 
 
 def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
@@ -153,16 +180,27 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
     fastest = min((p.median_ms for p in report.peers if not p.missing), default=float("nan"))
     print(f"ansor / fastest runtime: {report.tuned_ms / fastest:.2f}; ansor's output vs ONNX Runtime's: max "
           f"|difference| {report.error_vs_ort:.2e} of the output's scale")
-    in_tasks = sum(w * ms for _, w, ms, _ in report.breakdown)
-    print(f"{'task':<58}{'x':>4}{'ms':>8}{'share':>7}{'GFLOPS':>8}{'of peak':>8}")
-    for name, weight, ms, gflops in report.breakdown[:15]:
-        print(f"{name[:57]:<58}{weight:>4}{weight * ms:>8.2f}{weight * ms / report.tuned_ms:>7.1%}{gflops:>8.1f}"
-              f"{gflops / peak_gflops:>8.2f}")
+    profile = report.profile
+    print(f"where the tuned build's time goes, each call timed in place ({profile.latency_ms:.2f} ms per "
+          f"inference unprobed):")
+    print(f"{'task':<58}{'x':>4}{'ms':>8}{'share':>7}{'GFLOPS':>8}{'of peak':>8}{'alone ms':>9}")
+    for row in report.breakdown[:15]:
+        print(f"{row.name[:57]:<58}{row.weight:>4}{row.network_ms:>8.2f}{row.network_ms / profile.latency_ms:>7.1%}"
+              f"{row.gflops:>8.1f}{row.gflops / peak_gflops:>8.2f}{row.alone_ms:>9.2f}")
     rest = report.breakdown[15:]
     if rest:
-        print(f"{f'{len(rest)} more tasks':<58}{'':>4}{sum(w * ms for _, w, ms, _ in rest):>8.2f}")
-    print(f"tuned tasks (weighted sum of their best measurements) {in_tasks:.2f} ms; outside them (copies, "
-          f"layout transposes, untuned functions, VM calls) {report.tuned_ms - in_tasks:.2f} ms")
+        print(f"{f'{len(rest)} more tasks':<58}{'':>4}{sum(r.network_ms for r in rest):>8.2f}"
+              f"{'':>23}{sum(r.alone_ms for r in rest):>9.2f}")
+    in_tasks = sum(r.network_ms for r in report.breakdown)
+    alone = sum(r.alone_ms for r in report.breakdown)
+    kernels = [(n, ms) for n, ms in report.outside if not n.startswith("vm.builtin")]
+    builtins = sum(ms for n, ms in report.outside if n.startswith("vm.builtin"))
+    top = ", ".join(f"{n} {ms:.2f}" for n, ms in kernels[:4])
+    print(f"tuned tasks {in_tasks:.2f} ms in the network ({alone:.2f} ms timed alone during tuning); outside "
+          f"them: {sum(ms for _, ms in kernels):.2f} ms in {len(kernels)} untuned functions ({top}), "
+          f"{builtins:.2f} ms in VM builtins (allocation, shape checks), "
+          f"{profile.latency_ms - in_tasks - sum(ms for _, ms in report.outside):.2f} ms between calls "
+          f"(negative: the probe's own clock reads)")
 
 
 def plot(reports: list[ModelReport], path: str) -> None:
