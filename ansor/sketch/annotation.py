@@ -19,7 +19,7 @@ from ..loop_nest import AttachKind
 from ..loop_state import Stage, State
 from ..search_task import SearchTask
 from ..target import is_gpu
-from ..transform_steps import SplitStep, Step
+from ..transform_steps import SplitStep
 from .rules import CPU_STRUCTURE, has_reduce_iter, is_output, needs_multi_level_tiling
 
 #: The innermost tile is at most this long (Ansor's default). Vectorized loops get up to 64 lanes, as in
