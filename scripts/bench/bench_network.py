@@ -20,8 +20,8 @@ For each model:
 Printed per model: each one's latency and ansor's speed relative to it, ansor's tuning minutes and trials,
 the per-task breakdown of the tuned build with every call timed in place (ms, share of the latency, GFLOPS,
 fraction of the machine's measured peak, see ``peak.py``, and the same task's time alone during tuning)
-and the time spent outside the tuned tasks (untuned functions, VM builtins); ``--plot`` draws latency against tuning minutes
-with the runtimes as horizontal lines (needs matplotlib).
+and the time spent outside the tuned tasks (untuned functions, VM builtins); ``--plot`` draws latency
+against tuning minutes with the runtimes as horizontal lines (needs matplotlib).
 """
 
 from __future__ import annotations
