@@ -106,12 +106,21 @@ def test_the_measurer_is_made_of_the_builder_and_runner_it_is_given(local_ray, m
     assert CountingBuilder.jobs == 3  # the two candidates and the task's unscheduled program (the reference)
 
 
+def _sockets(process: psutil.Process) -> tuple[str, list]:
+    """A process's name and inet sockets; none for one that exited after it was listed (Ray's workers
+    come and go)."""
+    try:
+        return process.name(), process.net_connections(kind="inet")
+    except psutil.NoSuchProcess:
+        return "", []
+
+
 def test_the_local_ray_listens_on_loopback_only(local_ray, matmul128, matmul_inputs):
     """In this process ``ray`` was imported long before the session started, with Ray's variables unset."""
     with ProgramMeasurer(min_repeat_ms=5) as m:
         m.measure(matmul_inputs(matmul128, 2))  # build workers and a runner are up
-        listening = [(p.name(), c.laddr.ip) for p in psutil.Process().children(recursive=True)
-                     for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        listening = [(name, c.laddr.ip) for name, conns in map(_sockets, psutil.Process().children(recursive=True))
+                     for c in conns if c.status == psutil.CONN_LISTEN]
     assert {"gcs_server", "raylet"} <= {name for name, _ in listening}, listening
     exposed = [(name, ip) for name, ip in listening if ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
     assert not exposed, exposed
