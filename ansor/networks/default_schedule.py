@@ -33,7 +33,9 @@ from ..layout_rewrite import packable_arguments
 from ..loop_nest import AttachKind
 from ..loop_state import State
 from ..search_task import SearchTask
-from ..sketch.annotation import annotate_parallel, annotate_vectorize, contiguous
+from ..sketch.annotation import (
+    annotate_parallel, annotate_vectorize, contiguous, largest_divisor_at_most, vector_lanes,
+)
 
 logger = logging.getLogger("ansor")
 
@@ -72,15 +74,6 @@ def _inline_elementwise(state: State) -> None:
                 continue
 
 
-def _lanes(task: SearchTask, state: State, stage_id: int) -> int:
-    bits = state.dag.element_bits(state.stages[stage_id].block.writes[0].buffer)
-    return max(1, task.hardware_params.vector_unit_bytes * 8 // bits)
-
-
-def _largest_divisor(extent: int, cap: int) -> int:
-    return max(d for d in range(1, min(extent, cap) + 1) if extent % d == 0)
-
-
 def _register_tile_reduction(task: SearchTask, state: State, stage_id: int) -> None:
     """Move a small spatial tile below the reduction loops: ``S... R... s v`` (``v`` vector lanes).
 
@@ -96,14 +89,15 @@ def _register_tile_reduction(task: SearchTask, state: State, stage_id: int) -> N
     if not vector:
         return
     pos = vector[-1]
-    factor = _largest_divisor(stage.iters[pos].extent or 1, _lanes(task, state, stage_id))
+    lanes = vector_lanes(task.hardware_params.vector_unit_bytes, state, stage_id)
+    factor = largest_divisor_at_most(stage.iters[pos].extent or 1, lanes)
     if factor == 1:
         return
     others = [k for k in range(pos) if stage.iters[k].kind == IterKind.SPATIAL and (stage.iters[k].extent or 1) > 1]
     inner = []  # iterator ids, after the splits below, of the pieces that go innermost
     if others:
         row = others[-1]
-        rows = _largest_divisor(stage.iters[row].extent or 1, REGISTER_ROWS)
+        rows = largest_divisor_at_most(stage.iters[row].extent or 1, REGISTER_ROWS)
         if rows > 1:
             state.split(stage_id, row, [rows])
             pos += 1

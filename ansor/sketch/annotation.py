@@ -112,8 +112,13 @@ class RegisterFile:
 
     def lanes(self, state: State, stage_id: int) -> int:
         """Elements of the stage's output type in one register."""
-        bits = state.dag.element_bits(state.stages[stage_id].block.writes[0].buffer)
-        return max(1, self.vector_bytes * 8 // bits)
+        return vector_lanes(self.vector_bytes, state, stage_id)
+
+
+def vector_lanes(vector_bytes: int, state: State, stage_id: int) -> int:
+    """Elements of the stage's output type in one vector of ``vector_bytes``."""
+    bits = state.dag.element_bits(state.stages[stage_id].block.writes[0].buffer)
+    return max(1, vector_bytes * 8 // bits)
 
 
 def fits_registers(spatial: list[tuple[int, ...]], lanes: int, registers: int) -> bool:
@@ -264,7 +269,7 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
             last = stage.iters[-1]
             free = last.kind == IterKind.SPATIAL and last.annotation == "none" and (n - 1) not in attached_at
             if not tiled and free and (last.extent or 1) > MAX_VECTORIZE_LANES and contiguous(stage, (last,)):
-                factor = _largest_divisor_at_most(last.extent or 1, MAX_VECTORIZE_LANES)
+                factor = largest_divisor_at_most(last.extent or 1, MAX_VECTORIZE_LANES)
                 if factor > 1:
                     state.split(stage_id, n - 1, [factor])
                     state.annotate(stage_id, n, "vectorize")
@@ -309,7 +314,8 @@ def contiguous(stage: Stage, iters) -> bool:
     return True
 
 
-def _largest_divisor_at_most(n: int, cap: int) -> int:
+def largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` not above ``cap`` (1 at least)."""
     return max(d for d in divisors(n) if d <= cap)
 
 
