@@ -47,7 +47,9 @@ class RunnerOptions:
 
     3 repeats of at least 15 ms: enough to rank candidates on a noisy machine while keeping a short run
     short (cv ~3 % on the best matmul-512 candidates, 48 ms per candidate instead of ~210 ms with 40 ms
-    repeats and TVM's own loop; see docs/design.md). Final numbers are re-timed for longer by the scripts.
+    repeats and TVM's own loop; see docs/design.md). With ``enable_cpu_cache_flush`` (CPU) every run is timed
+    alone after flushing all arguments but the first, as the weights come from memory in a network.
+    Final numbers are re-timed for longer by the scripts.
     ``None`` keeps the measurer's own default (run timeout 10 s, ``slow_factor`` 5).
     """
 

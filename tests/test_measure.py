@@ -236,3 +236,25 @@ def test_prepacked_constant_weight_is_checked_and_timed(local_ray, matmul128):
     with ProgramMeasurer(min_repeat_ms=10) as m:
         results = m.measure(inputs)
     assert all(r.ok for r in results), [r.error_msg for r in results]
+
+
+def test_flushed_timing_runs_every_run_cold():
+    """With the cache flush each run reads its operands from memory: a kernel that touches one float per
+    cache line of a 256 KiB operand (in cache on any CPU when hot) runs slower than when timed hot.
+    Flushing once per repeat of many runs (Ansor's way) would time it hot."""
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    from ansor.measure.runner import time_runs
+    lines = 4096
+    x = te.placeholder((1,), name="x")
+    a = te.placeholder((lines * 16,), name="a")
+    out = te.compute((lines,), lambda i: a[i * 16] + x[0], name="out")
+    module = tvm.compile(te.create_prim_func([x, a, out]), target={"kind": "llvm"}).jit()
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ones(shape, "float32"), dev) for shape in ((1,), (lines * 16,), (lines,))]
+    hot = min(time_runs(module, dev, args, 200, 3, ""))
+    cold = min(time_runs(module, dev, args, 200, 3, "cache_flush_cpu_non_first_arg"))
+    assert cold > 1.5 * hot, (cold, hot)
+    np.testing.assert_allclose(args[2].numpy(), 2.0)
