@@ -13,7 +13,7 @@ from ansor import apply
 from ansor.search_task import SearchTask
 from ansor.sketch.annotation import RegisterFile, factorizations, fill_tile_sizes, fits_registers
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
-from ansor.sketch.evolution import evolutionary_search, mutate_parallel, mutate_tile_size, parallel_balance
+from ansor.sketch.evolution import evolutionary_search, mutate_parallel, mutate_tile_size
 from ansor.sketch.rules import Cond, SketchRule
 from ansor.workloads import get_workload
 
@@ -193,33 +193,6 @@ def test_evolution_finds_what_the_scorer_likes_and_skips_excluded():
     best = evolutionary_search(task, InnermostJ(), population, 8, excluded, rng)
     assert best[0][0] >= start and best[0][0] == 64  # the innermost tile is capped at 64
     assert all(state.key() not in excluded for _, state in best)
-
-
-def test_parallel_balance_counts_the_rounds_of_a_static_split():
-    """8 parallel iterations keep 2 cores busy throughout, 3 cores 8/9 of the time; no parallel loop, one."""
-    task = SearchTask.from_workload("matmul-512", TARGET)
-    state = task.compute_dag.init_state()
-    state.split(0, 0, [64])  # i0 (8) i1 j k
-    assert parallel_balance(state, 2) == pytest.approx(1 / 2)
-    state.annotate(0, 0, "parallel")
-    assert parallel_balance(state, 2) == 1.0
-    assert parallel_balance(state, 3) == pytest.approx(8 / 9)
-    assert parallel_balance(state, 16) == pytest.approx(8 / 16)
-
-
-def test_evolution_scales_predictions_by_parallel_balance():
-    """With every prediction equal, the ranking the search returns is the parallel balance on the task's cores."""
-    task = task_with_cores("matmul-512", 3)
-    rng = random.Random(0)
-    population = sample_initial_population(task, generate_sketches(task), 32, rng)
-
-    class Flat:
-        def predict(self, task, states):
-            return np.ones(len(states))
-
-    ranked = evolutionary_search(task, Flat(), population, 32, set(), rng)
-    assert [score for score, _ in ranked] == pytest.approx([parallel_balance(s, 3) for _, s in ranked])
-    assert min(score for score, _ in ranked) < 1.0  # 3 cores do not divide every parallel extent
 
 
 def test_vectorize_only_contiguous_loops():

@@ -8,7 +8,6 @@ step of a program and replay the rest in pure Python; a program whose steps no l
 from __future__ import annotations
 
 import logging
-import math
 import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Optional
@@ -29,7 +28,7 @@ from .annotation import (
     outer_parallel_loops,
 )
 from .gpu_annotation import fits_gpu
-from .rules import has_reduce_iter, needs_multi_level_tiling
+from .rules import needs_multi_level_tiling
 
 if TYPE_CHECKING:
     from ..cost_model.cost_model import CostModel  # the search only calls predict
@@ -203,32 +202,6 @@ def _replace_step(state: State, index: int, step: Step) -> Optional[State]:
 Mutation = Callable[[SearchTask, State, random.Random], Optional[State]]
 
 
-def parallel_balance(state: State, cores: int) -> float:
-    """The share of ``cores`` that the outer parallel loop of the slowest-balanced reducing stage keeps busy.
-
-    TVM splits a parallel loop of ``d`` iterations into one contiguous chunk per thread, so it takes
-    ``ceil(d / cores)`` iterations' time: 7 over 2 cores keep them 7/8 busy. The cost model cannot tell 7
-    from 8 from a few dozen measurements; this factor is exact, so the search applies it to the predicted
-    speed (ResNet-50's busiest convolution, 14x14x256 3x3, kept a 7-way parallel loop as its best program).
-    """
-    balance = 1.0
-    for sid, stage in enumerate(state.stages):
-        if stage.compute_at != AttachKind.ROOT or not stage.iters or not has_reduce_iter(state, sid):
-            continue
-        first = stage.iters[0]
-        if first.annotation == "parallel" and first.extent is None:
-            continue
-        d = first.extent if first.annotation == "parallel" else 1
-        balance = min(balance, d / (cores * math.ceil(d / cores)))
-    return balance
-
-
-def _balanced(scores: np.ndarray, population: list[State], cores: int) -> np.ndarray:
-    """Predicted speeds scaled by :func:`parallel_balance` (a negative score moves down as well)."""
-    balance = np.asarray([parallel_balance(s, cores) for s in population], dtype=float)
-    return np.where(scores > 0, scores * balance, scores / balance)
-
-
 def evolutionary_search(task: SearchTask, model: CostModel, population: list[State], out_size: int,
                         exclude: set, rng: random.Random, params: EvolutionParams = EvolutionParams()
                         ) -> list[tuple[float, State]]:
@@ -250,8 +223,6 @@ def evolutionary_search(task: SearchTask, model: CostModel, population: list[Sta
         if not population:
             break
         scores = np.asarray(model.predict(task, population), dtype=float)
-        if not gpu:
-            scores = _balanced(scores, population, task.hardware_params.num_cores)
         for state, score in zip(population, scores):
             key = state.key()
             if key not in exclude and (key not in best or best[key][0] < score):
