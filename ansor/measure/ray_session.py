@@ -167,9 +167,8 @@ class RaySession:
         temp_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
         # Ray keeps num_cpus idle workers and kills the rest after a second idle. The run phase's CPU hold
         # needs one more worker, so without headroom nearly every batch lost a build worker and the next
-        # batch's builds waited ~2-3 s for a fresh process to import TVM. +2 was not enough where a second
-        # measurer's runner actor was alive (the test suite killed an idle build worker during a hold).
-        soft_limit = (num_cpus or os.cpu_count() or 1) + 4
+        # batch's builds waited ~2-3 s for a fresh process to import TVM.
+        soft_limit = (num_cpus or os.cpu_count() or 1) + 2
         loopback = LoopbackSettings()  # kept until close: workers started later inherit this environment
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
