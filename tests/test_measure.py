@@ -6,15 +6,18 @@ import os
 import re
 import time
 
+import numpy as np
 import psutil
 import pytest
 import ray
+import tvm
+from tvm import te
 
 from ansor.errors import AnsorError
 from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer, ProgressLogger, RecordToFile
 from ansor.measure.builder import RayBuilder
 from ansor.measure.ray_session import current_node
-from ansor.measure.runner import RunConfig
+from ansor.measure.runner import RunConfig, time_runs
 from ansor.measure.runner_pool import RunnerPool
 from ansor.records import load_records
 from ansor.search_task import SearchTask
@@ -245,11 +248,6 @@ def test_flushed_timing_runs_every_run_cold():
     """With the cache flush each run reads its operands from memory: a kernel that touches one float per
     cache line of a 256 KiB operand (in cache on any CPU when hot) runs slower than when timed hot.
     Flushing once per repeat of many runs (Ansor's way) would time it hot."""
-    import numpy as np
-    import tvm
-    from tvm import te
-
-    from ansor.measure.runner import time_runs
     lines = 4096
     x = te.placeholder((1,), name="x")
     a = te.placeholder((lines * 16,), name="a")
