@@ -7,6 +7,7 @@ isolation live in :mod:`ansor.measure`.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -78,17 +79,38 @@ def run(module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
     return [t.numpy() for t in tensors]
 
 
+CACHE_FLUSH = "cache_flush_cpu_non_first_arg"  # TVM's f_preproc: flush every argument but the first
+MAX_COLD_RUNS = 200  # single runs per repeat when each is flushed: a 10 us kernel's flushes would double its time
+
+
+def time_runs(module: tvm.runtime.Module, device: tvm.runtime.Device, args: list, number: int, repeat: int,
+              flush: str) -> tuple[float, ...]:
+    """``repeat`` mean seconds of ``number`` runs; with ``flush``, each run is timed alone after its flush
+    (at most ``MAX_COLD_RUNS`` of them), because TVM's ``f_preproc`` runs once per repeat, not per run."""
+    if not flush:
+        timer = module.time_evaluator("main", device, number=number, repeat=repeat)
+        return tuple(float(c) for c in timer(*args).results)
+    number = min(number, MAX_COLD_RUNS)
+    timer = module.time_evaluator("main", device, number=1, repeat=number * repeat, f_preproc=flush)
+    runs = np.asarray(timer(*args).results, dtype=float).reshape(repeat, number)
+    return tuple(float(c) for c in runs.mean(axis=1))
+
+
 def time_module(module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
                 repeat: int = 10, min_repeat_ms: int = 200, device: Optional[tvm.runtime.Device] = None,
-                layouts: Sequence[PackedLayout] = ()) -> float:
-    """Median seconds per run, with the CPU cache flushed before each repeat (inputs cold, as in a network).
+                layouts: Sequence[PackedLayout] = (), cold: bool = True) -> float:
+    """Median seconds per run over ``repeat`` repeats of about ``min_repeat_ms`` each.
 
+    ``cold`` (CPU only): every argument but the first is flushed from the caches before each run, as in a
+    network where weights come from memory (the tuner's own timing, :func:`time_runs`); otherwise the runs
+    follow each other hot, as a library benchmark's loop times them (numpy's ``a @ b`` in ``peak.py``).
     ``layouts``: the module is a :func:`build_kernel` taking pre-packed weights; ``arrays`` are packed first.
     Threads come from ``TVM_NUM_THREADS``, read once when the runtime starts: set it before calling.
     """
     dev = device or tvm.cpu()
     tensors = [tvm.runtime.tensor(a, dev) for a in pack_arguments(layouts, arrays)]
-    flush = "cache_flush_cpu_non_first_arg" if dev.dlpack_device_type() == tvm.cpu().dlpack_device_type() else ""
-    timer = module.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms,
-                                  f_preproc=flush)
-    return float(np.median(timer(*tensors).results))
+    on_cpu = dev.dlpack_device_type() == tvm.cpu().dlpack_device_type()
+    flush = CACHE_FLUSH if cold and on_cpu else ""
+    probe = min(time_runs(module, dev, tensors, 1, 3, flush))
+    number = max(1, math.ceil(min_repeat_ms / 1000 / max(probe, 1e-9)))
+    return float(np.median(time_runs(module, dev, tensors, number, repeat, flush)))

@@ -26,8 +26,6 @@ from .check import compare_outputs
 from .ray_session import current_node
 from .shipping import TaskHandle
 
-_CACHE_FLUSH = "cache_flush_cpu_non_first_arg"
-MAX_COLD_RUNS = 200  # single runs per repeat when each is flushed: a 10 us kernel's flushes would double its time
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,7 @@ class RunConfig:
     a first single run (the probe) gives the count of runs per repeat, so a 10 µs kernel runs ~10^4 times
     per repeat while a 50 ms one runs twice; ``number`` is the least count. With ``enable_cpu_cache_flush`` the
     CPU caches are flushed of every argument but the first before *each run* (so each repeat is the mean of
-    that many single runs, at most ``MAX_COLD_RUNS``): in a network the input was just written by the
+    that many single runs, at most ``apply.MAX_COLD_RUNS``): in a network the input was just written by the
     previous call while the weights and other operands come cold from memory. Ansor flushed once per repeat
     of ``number`` runs, which times all but the first run with hot weights: BERT-base's dense layers ran
     10 % slower in the network than their logged times, while flushed single runs were within 1-5 % of
@@ -83,7 +81,7 @@ class Runner:
 
     def __init__(self, device: str):
         self._device = tvm.device(device, 0)
-        self._flush = _CACHE_FLUSH if device == "cpu" else ""
+        self._flush = apply.CACHE_FLUSH if device == "cpu" else ""
         self._node = current_node()
         self._inputs: dict[str, list[np.ndarray]] = {}
         self._references: dict[str, list[np.ndarray]] = {}
@@ -138,7 +136,7 @@ class Runner:
                 # The count comes from the probe. TVM's own min_repeat_ms loop would re-run a whole repeat
                 # whenever it falls just short of the minimum, doubling the time spent on most candidates.
                 number = max(config.number, math.ceil(config.min_repeat_ms / 1000 / max(costs[0], 1e-9)))
-                costs = time_runs(module, self._device, args, number, config.repeat, flush)
+                costs = apply.time_runs(module, self._device, args, number, config.repeat, flush)
         except Exception as err:
             return self._error(ErrorNo.RUNTIME_DEVICE, error_text(err), start)
         return RunReply(costs, int(ErrorNo.NO_ERROR), "", start, time.time(), self._node)
@@ -158,18 +156,6 @@ class Runner:
 
     def _error(self, code: ErrorNo, msg: str, start: float) -> RunReply:
         return RunReply((MAX_COST,), int(code), msg, start, time.time(), self._node)
-
-
-def time_runs(module: tvm.runtime.Module, device: tvm.runtime.Device, args: list, number: int, repeat: int,
-              flush: str) -> tuple[float, ...]:
-    """``repeat`` mean seconds of ``number`` runs; with ``flush``, each run is timed alone after its flush."""
-    if not flush:
-        timer = module.time_evaluator("main", device, number=number, repeat=repeat)
-        return tuple(float(c) for c in timer(*args).results)
-    number = min(number, MAX_COLD_RUNS)
-    timer = module.time_evaluator("main", device, number=1, repeat=number * repeat, f_preproc=flush)
-    runs = np.asarray(timer(*args).results, dtype=float).reshape(repeat, number)
-    return tuple(float(c) for c in runs.mean(axis=1))
 
 
 def load_library(lib: bytes) -> tvm.runtime.Module:

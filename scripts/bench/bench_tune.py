@@ -7,8 +7,9 @@
 
 Every contender runs in its own block with a pause in between (TVM's and OpenBLAS's pool threads spin
 after a call and would steal each other's cores), with TVM_NUM_THREADS = the target's cores. The best
-program of each tuner is re-timed by the same in-process timer (cache flushed, median of 10 repeats of
->= 200 ms), so the ratios compare programs, not measurement setups. Also reported: wall time of each
+program of each tuner is re-timed by the same in-process timer (median of 10 repeats of >= 200 ms, runs
+back to back with hot caches, as numpy's loop is timed), so the ratios compare programs, not measurement
+setups. (Tuning itself times candidates cold, each run after a cache flush, as a network runs them.) Also reported: wall time of each
 tuning run and ansor's search overhead per round (time not spent building or running).
 """
 
@@ -52,7 +53,7 @@ def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
     train = sum(r.train_s for r in rounds) / max(1, len(rounds))
     measure = sum(r.measure_s for r in rounds) / max(1, len(rounds))
     module = apply.build(task, result.best_state)
-    cost = apply.time_module(module, apply.random_inputs(task))
+    cost = apply.time_module(module, apply.random_inputs(task), cold=False)
     stats, n = model.extractor.stats, max(1, len(rounds))
     note = (f"Ray start {ray_start:.1f} s; per round ({len(rounds)}): search {search:.2f} s (features "
             f"{stats.wall_s / n:.2f} s), model update {train:.2f} s, measure {measure:.2f} s")
@@ -75,7 +76,7 @@ def time_metaschedule(wkl: str, trials: int, seed: int) -> tuple[float, float, s
         wall = time.time() - t0
         sch = ms.tir_integration.compile_tir(database, mod, task.target)
     module = tvm.compile(sch.mod, target=task.target).jit()
-    cost = apply.time_module(module, apply.random_inputs(task))
+    cost = apply.time_module(module, apply.random_inputs(task), cold=False)
     return task.flop_ct / cost / 1e9, wall, "tune_tir, default rules and builder"
 
 
