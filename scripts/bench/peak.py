@@ -127,37 +127,39 @@ def fma_gflops(threads: int, seconds: float = 0.3) -> tuple[float, str]:
 
 
 _GEMM_SCRIPT = """
-import sys, time
+import statistics, sys, time
 import numpy as np
-m, n, k, seconds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+m, n, k = (int(v) for v in sys.argv[1:4])
+seconds, repeat_s = float(sys.argv[4]), float(sys.argv[5])
 rng = np.random.default_rng(0)
 a, b = rng.random((m, k), dtype=np.float32), rng.random((k, n), dtype=np.float32)
 a @ b
-best = float("inf")
+times = []
 end = time.perf_counter() + seconds
-while True:
+while not times or time.perf_counter() < end:
     runs, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 0.1 or runs == 0:
+    while time.perf_counter() - start < repeat_s or runs == 0:
         a @ b
         runs += 1
-    best = min(best, (time.perf_counter() - start) / runs)
-    if time.perf_counter() > end:
-        break
-print(2 * m * n * k / best / 1e9)
+    times.append((time.perf_counter() - start) / runs)
+print(2 * m * n * k / min(times) / 1e9, 2 * m * n * k / statistics.median(times) / 1e9)
 """
 
 
-def numpy_gemm_gflops(m: int, n: int, k: int, threads: int, seconds: float = 1.0) -> float:
-    """numpy's fp32 ``(m x k) @ (k x n)`` (OpenBLAS) with ``threads`` threads, best of ~0.1 s repeats.
+def numpy_gemm_gflops(m: int, n: int, k: int, threads: int, seconds: float = 1.0, median: bool = False) -> float:
+    """numpy's fp32 ``(m x k) @ (k x n)`` (OpenBLAS) with ``threads`` threads: the best of ~0.1 s repeats, or
+    with ``median`` the median of 0.2 s repeats (the statistic :func:`ansor.apply.time_module` reports).
 
     Timed in a fresh process that imports numpy alone: in a process that imported TVM, ``tvm_ffi`` has
     imported torch when it is installed, and from then on OpenBLAS's 2-thread sgemm ran at 11-15 GFLOPS
     here instead of ~150 (measured: 512^3, the same process, before and after ``import torch``).
     """
     env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-    out = subprocess.run([sys.executable, "-c", _GEMM_SCRIPT, str(m), str(n), str(k), str(seconds)], env=env,
-                         check=True, capture_output=True, text=True)
-    return float(out.stdout)
+    repeat_s = 0.2 if median else 0.1
+    out = subprocess.run([sys.executable, "-c", _GEMM_SCRIPT, str(m), str(n), str(k), str(seconds), str(repeat_s)],
+                         env=env, check=True, capture_output=True, text=True)
+    best, middle = (float(v) for v in out.stdout.split())
+    return middle if median else best
 
 
 def sgemm_gflops(threads: int, n: int = 2048) -> tuple[float, str]:
