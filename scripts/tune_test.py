@@ -130,7 +130,7 @@ def report_best(task, state, tuned_cost: float) -> int:
         print(f"error: the best program's output differs from numpy's: {mismatch}", file=sys.stderr)
         return EXIT_FAILED
     cost = apply.time_module(module, args, device=device)
-    how = "" if is_gpu(task.target) else (f"; each run after flushing the weights from the caches, "
+    how = "" if is_gpu(task.target) else (f"; each run after a cache flush of every argument but the first, "
                                           f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}")
     print(f"Best program: {task.flop_ct / cost / 1e9:.2f} GFLOPS  cost: {cost * 1e3:.3f} ms  "
           f"(checked against numpy{how})")

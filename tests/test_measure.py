@@ -13,7 +13,7 @@ import ray
 import tvm
 from tvm import te
 
-from ansor.apply import time_runs
+from ansor.apply import time_module, time_runs
 from ansor.errors import AnsorError
 from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer, ProgressLogger, RecordToFile
 from ansor.measure.builder import RayBuilder
@@ -261,3 +261,7 @@ def test_flushed_timing_runs_every_run_cold():
     cold = min(time_runs(module, dev, args, 200, 3, "cache_flush_cpu_non_first_arg"))
     assert cold > 1.5 * hot, (cold, hot)
     np.testing.assert_allclose(args[2].numpy(), 2.0)
+    # The final re-timing of tune_test and the benchmarks times the same way.
+    arrays = [a.numpy() for a in args]
+    assert time_module(module, arrays, repeat=3, min_repeat_ms=20) > 1.5 * time_module(
+        module, arrays, repeat=3, min_repeat_ms=20, cold=False)

@@ -27,7 +27,6 @@ from .ray_session import current_node
 from .shipping import TaskHandle
 
 
-
 @dataclass(frozen=True)
 class RunConfig:
     """How a candidate is timed (arguments of TVM's ``time_evaluator``).
