@@ -87,7 +87,7 @@ def test_a_far_slower_candidate_is_timed_by_one_run(local_ray, matmul128):
         quick, slow = results[id(fast)], results[id(naive)]
         assert quick.ok and slow.ok
         assert len(quick.costs) == 3 and len(slow.costs) == 1
-        assert slow.mean_cost > 5 * quick.mean_cost
+        assert slow.mean_cost > 5 * min(quick.costs)  # min: a noisy neighbour can slow one of quick's repeats
     with ProgramMeasurer(min_repeat_ms=10, slow_factor=float("inf")) as m:
         assert [len(r.costs) for r in m.measure([fast, naive])] == [3, 3]
 
