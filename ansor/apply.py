@@ -96,6 +96,12 @@ def time_runs(module: tvm.runtime.Module, device: tvm.runtime.Device, args: list
     return tuple(float(c) for c in runs.mean(axis=1))
 
 
+def runs_per_repeat(probe_s: float, min_repeat_ms: float, least: int = 1) -> int:
+    """How many runs make a repeat of about ``min_repeat_ms``, from one run's ``probe_s`` seconds. Computed
+    up front: TVM's own min_repeat_ms loop re-runs a whole repeat whenever it falls just short."""
+    return max(least, math.ceil(min_repeat_ms / 1000 / max(probe_s, 1e-9)))
+
+
 def time_module(module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
                 repeat: int = 10, min_repeat_ms: int = 200, device: Optional[tvm.runtime.Device] = None,
                 layouts: Sequence[PackedLayout] = (), cold: bool = True) -> float:
@@ -112,5 +118,5 @@ def time_module(module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
     on_cpu = dev.dlpack_device_type() == tvm.cpu().dlpack_device_type()
     flush = CACHE_FLUSH if cold and on_cpu else ""
     probe = min(time_runs(module, dev, tensors, 1, 3, flush))
-    number = max(1, math.ceil(min_repeat_ms / 1000 / max(probe, 1e-9)))
+    number = runs_per_repeat(probe, min_repeat_ms)
     return float(np.median(time_runs(module, dev, tensors, number, repeat, flush)))

@@ -8,7 +8,6 @@ cost one candidate instead of the tuning run.
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
@@ -132,9 +131,9 @@ class Runner:
             probe = module.time_evaluator("main", self._device, number=1, repeat=1, f_preproc=flush)
             costs = tuple(float(c) for c in probe(*args).results)
             if costs[0] <= config.slow_factor * best_cost:
-                # The count comes from the probe. TVM's own min_repeat_ms loop would re-run a whole repeat
+                # The count comes from the probe: TVM's own min_repeat_ms loop would re-run a whole repeat
                 # whenever it falls just short of the minimum, doubling the time spent on most candidates.
-                number = max(config.number, math.ceil(config.min_repeat_ms / 1000 / max(costs[0], 1e-9)))
+                number = apply.runs_per_repeat(costs[0], config.min_repeat_ms, least=config.number)
                 costs = apply.time_runs(module, self._device, args, number, config.repeat, flush)
         except Exception as err:
             return self._error(ErrorNo.RUNTIME_DEVICE, error_text(err), start)
