@@ -265,6 +265,53 @@ def _rejected_network() -> Network:
                    param_factory=lambda: weights)
 
 
+def _copy_funcs() -> dict[str, tvm.tirx.PrimFunc]:
+    """BERT's attention copies in miniature: K's transpose, the q/k/v split of a reshape, a reshape of a
+    transpose (index not linear), and an add (it computes)."""
+    from tvm import te, topi
+
+    k = te.placeholder((128, 12, 64), name="k")
+    qkv = te.placeholder((128, 2304), name="qkv")
+    heads = te.placeholder((12, 128, 64), name="heads")
+    b = te.placeholder((128, 768), name="b")
+    c = te.placeholder((128, 768), name="c")
+    split = topi.split(topi.reshape(qkv, (128, 3, 12, 64)), 3, axis=1)
+    return {
+        "transpose": te.create_prim_func([k, topi.transpose(k, (1, 2, 0))]),
+        "split": te.create_prim_func([qkv, *split]),
+        "transpose_reshape": te.create_prim_func([heads, topi.reshape(topi.transpose(heads, (1, 0, 2)), (128, 768))]),
+        "add": te.create_prim_func([b, c, topi.add(b, c)]),
+    }
+
+
+def test_copy_schedule_tiles_a_transpose_and_vectorizes_a_split():
+    from ansor.apply import arg_specs
+    from ansor.networks import copy_schedule
+    from ansor.search_task import SearchTask
+
+    funcs = _copy_funcs()
+    scheduled = {name: copy_schedule(f, 2, 32) for name, f in funcs.items()}
+    assert scheduled["add"] is None and scheduled["transpose_reshape"] is None  # the State default's cases
+    transpose = scheduled["transpose"].script()
+    # 8 x 8 tiles (AVX2: 8 float lanes): the output's innermost loop unrolled, the input's vectorized
+    assert "T.vectorized(8)" in transpose and "T.unroll(8)" in transpose and "T.parallel(" in transpose
+    split = scheduled["split"].script()
+    assert "T_reshape" not in split and split.count("T.vectorized(64)") == 3  # reshape inlined, no scalar copy
+    rng = np.random.default_rng(0)
+    for name in ("transpose", "split"):
+        args = [rng.random(shape, dtype="float32") for shape, _ in arg_specs(SearchTask(funcs[name], "llvm"))]
+        want = _run_prim_func(funcs[name], args)
+        got = _run_prim_func(scheduled[name], args)
+        assert all(np.array_equal(w, g) for w, g in zip(want, got)), name
+
+
+def _run_prim_func(func: tvm.tirx.PrimFunc, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm").jit()
+    tensors = [tvm.runtime.tensor(a) for a in arrays]
+    lib["main"](*tensors)
+    return [t.numpy() for t in tensors]
+
+
 def test_primfuncs_compute_dag_rejects_get_a_tir_default():
     net = _rejected_network()
     ex = extract(net, TARGET)

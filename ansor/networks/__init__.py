@@ -14,7 +14,7 @@ See ``docs/networks.md``.
 from .apply_best import (
     ScheduledFunc, apply_best, apply_history_best, default_scheduled, schedule_task, scheduled_func,
 )
-from .default_schedule import default_candidates, default_state, default_tir_schedule
+from .default_schedule import copy_schedule, default_candidates, default_state, default_tir_schedule
 from .evaluate import (
     CallProfile, OutputComparison, Timing, build, check_against_default, compare_outputs, profile_calls, run,
     runtime_threads, time_network,
@@ -28,7 +28,7 @@ from .registry import describe_network, get_network, network_names
 __all__ = [
     "CallProfile", "Extraction", "Network", "NetworkError", "NetworkTask", "OutputComparison", "SkippedFunc", "TensorSpec",
     "Timing", "apply_best", "apply_history_best", "build", "check_against_default", "compare_outputs",
-    "ScheduledFunc", "default_candidates", "default_scheduled", "default_state", "default_tir_schedule", "describe_network",
+    "ScheduledFunc", "copy_schedule", "default_candidates", "default_scheduled", "default_state", "default_tir_schedule", "describe_network",
     "extract", "extract_tasks", "fuse", "get_network", "load_onnx", "network_names",
     "prepare", "profile_calls", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network",
 ]

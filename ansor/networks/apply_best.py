@@ -32,7 +32,7 @@ from ..records import best_records, load_records
 from ..search_task import SearchTask
 from ..target import is_gpu, parse_target
 from ..transform_steps import Step
-from .default_schedule import default_state, default_tir_schedule
+from .default_schedule import copy_schedule, default_state, default_tir_schedule
 from .extract import NetworkTask, is_reshape, standalone
 from .network import NetworkError
 
@@ -77,9 +77,14 @@ def scheduled_func(task: SearchTask, schedule: Schedule) -> tvm.tirx.PrimFunc:
 def default_scheduled(task: SearchTask) -> ScheduledFunc:
     """The default-scheduled PrimFunc of ``task`` (see :mod:`.default_schedule`).
 
-    A program ComputeDAG cannot analyse, or whose State schedule TVM refuses, is scheduled on its
-    TensorIR directly, so it still runs in parallel.
+    A program that only moves data gets :func:`copy_schedule` where it applies. A program ComputeDAG
+    cannot analyse, or whose State schedule TVM refuses, is scheduled on its TensorIR directly, so it still
+    runs in parallel.
     """
+    hw = task.hardware_params
+    copied = copy_schedule(task.func, hw.num_cores, hw.vector_unit_bytes)
+    if copied is not None:
+        return ScheduledFunc(copied, copied)
     try:
         return schedule_task(task, default_state(task))
     except (AnsorError, tvm.s_tir.ScheduleError) as err:
