@@ -9,14 +9,17 @@ Every contender runs in its own block with a pause in between (TVM's and OpenBLA
 after a call and would steal each other's cores), with TVM_NUM_THREADS = the target's cores. The best
 program of each tuner is re-timed by the same in-process timer (median of 10 repeats of >= 200 ms, runs
 back to back with hot caches, as numpy's loop is timed), so the ratios compare programs, not measurement
-setups; numpy's a @ b is timed the same way (median of 0.2 s repeats, in a process of its own). (Tuning
-itself times candidates cold, each run after a cache flush, as a network runs them.) Also reported: wall
-time of each tuning run and ansor's search overhead per round (time not spent building or running).
+setups; numpy's a @ b is timed the same way (median of 0.2 s repeats, in a process of its own). Both tuners
+also time their candidates hot while tuning (MetaSchedule's runner never flushes the cache); --cold-tuning
+times ours as a network runs them, each run after a cache flush of every argument but the first (the
+default of the tuning scripts), which picks programs for cold weights. Also reported: wall time of each
+tuning run and ansor's search overhead per round (time not spent building or running).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -35,15 +38,16 @@ class Row:
     note: str = ""
 
 
-def time_ours(wkl: str, trials: int, seed: int) -> tuple[float, float, str]:
+def time_ours(wkl: str, trials: int, seed: int, cold: bool = False) -> tuple[float, float, str]:
     from ansor import apply
     from ansor.cost_model import XGBModel
     from ansor.search_task import SearchTask
-    from ansor.tuning import TuningOptions, auto_schedule, make_measurer
+    from ansor.tuning import RunnerOptions, TuningOptions, auto_schedule, make_measurer
 
     task = SearchTask.from_workload(wkl)
     model = XGBModel(seed=seed)
-    options = TuningOptions(num_measure_trials=trials, seed=seed)  # the scripts' timing and measurer
+    options = TuningOptions(num_measure_trials=trials, seed=seed,  # the scripts' timing and measurer
+                            runner=RunnerOptions(enable_cpu_cache_flush=cold))
     t0 = time.time()
     with make_measurer(options) as measurer:
         ray_start = time.time() - t0
@@ -101,6 +105,9 @@ def main() -> int:
                         help="seeds; each tuner runs once per seed and the table shows the mean (default 0)")
     parser.add_argument("--pause", type=float, default=3.0, help="seconds between contenders (default 3)")
     parser.add_argument("--skip-metaschedule", action="store_true", help="only ansor and numpy")
+    parser.add_argument("--cold-tuning", action="store_true",
+                        help="tune ours with each run after a cache flush, as tune_test.py and networks do "
+                             "(default: hot, as MetaSchedule tunes and as the final timings compare)")
     args = parser.parse_args()
 
     from ansor.target import host_target
@@ -116,7 +123,8 @@ def main() -> int:
         g, w, note = time_numpy(wkl, threads)
         rows.append(Row(wkl, 0, "numpy", g, w, note))
         for trials in args.trials:
-            contenders = [("ansor", time_ours)] + ([] if args.skip_metaschedule else [("metaschedule",
+            ours = functools.partial(time_ours, cold=args.cold_tuning)
+            contenders = [("ansor", ours)] + ([] if args.skip_metaschedule else [("metaschedule",
                                                                                        time_metaschedule)])
             runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name, _ in contenders}
             for seed in args.seeds:
