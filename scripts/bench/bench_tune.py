@@ -46,7 +46,7 @@ def time_ours(wkl: str, trials: int, seed: int, cold: bool = False) -> tuple[flo
 
     task = SearchTask.from_workload(wkl)
     model = XGBModel(seed=seed)
-    options = TuningOptions(num_measure_trials=trials, seed=seed,  # the scripts' timing and measurer
+    options = TuningOptions(num_measure_trials=trials, seed=seed,  # the scripts' measurer, hot unless cold
                             runner=RunnerOptions(enable_cpu_cache_flush=cold))
     t0 = time.time()
     with make_measurer(options) as measurer:
