@@ -165,7 +165,7 @@ def worker_pid() -> int:
 
 
 @pytest.mark.xfail(strict=False, reason="known intermittent: Ray's reaper sometimes takes an idle build worker "
-                   "during the hold despite RaySession's soft-limit headroom (2 of 4 fresh-clone suites on "
+                   "during the hold despite RaySession's soft-limit headroom (3 of 4 full suites on "
                    "2026-11-24, also when the scenario ran in a Ray of its own); the next batch then waits "
                    "~2 s for a fresh worker to import TVM")
 def test_the_run_phase_cpu_hold_costs_no_worker_process(local_ray):
