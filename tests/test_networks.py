@@ -285,7 +285,7 @@ def _copy_funcs() -> dict[str, tvm.tirx.PrimFunc]:
 
 
 def test_copy_schedule_tiles_a_transpose_and_vectorizes_a_split():
-    from ansor.apply import arg_specs
+    from ansor.apply import arg_specs, run
     from ansor.networks import copy_schedule
     from ansor.search_task import SearchTask
 
@@ -300,16 +300,12 @@ def test_copy_schedule_tiles_a_transpose_and_vectorizes_a_split():
     rng = np.random.default_rng(0)
     for name in ("transpose", "split"):
         args = [rng.random(shape, dtype="float32") for shape, _ in arg_specs(SearchTask(funcs[name], "llvm"))]
-        want = _run_prim_func(funcs[name], args)
-        got = _run_prim_func(scheduled[name], args)
+        want, got = (run(_compile(f), args) for f in (funcs[name], scheduled[name]))
         assert all(np.array_equal(w, g) for w, g in zip(want, got)), name
 
 
-def _run_prim_func(func: tvm.tirx.PrimFunc, arrays: list[np.ndarray]) -> list[np.ndarray]:
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm").jit()
-    tensors = [tvm.runtime.tensor(a) for a in arrays]
-    lib["main"](*tensors)
-    return [t.numpy() for t in tensors]
+def _compile(func: tvm.tirx.PrimFunc) -> tvm.runtime.Module:
+    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm").jit()
 
 
 def test_primfuncs_compute_dag_rejects_get_a_tir_default():
