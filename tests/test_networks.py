@@ -267,7 +267,7 @@ def _rejected_network() -> Network:
 
 def _copy_funcs() -> dict[str, tvm.tirx.PrimFunc]:
     """BERT's attention copies in miniature: K's transpose, the q/k/v split of a reshape, a reshape of a
-    transpose (index not linear), and an add (it computes)."""
+    transpose (its index divides the innermost loop by 64), and an add (it computes)."""
     from tvm import te, topi
 
     k = te.placeholder((128, 12, 64), name="k")
@@ -284,21 +284,23 @@ def _copy_funcs() -> dict[str, tvm.tirx.PrimFunc]:
     }
 
 
-def test_copy_schedule_tiles_a_transpose_and_vectorizes_a_split():
+def test_copy_schedule_tiles_a_transpose_and_vectorizes_a_split_and_a_transposed_reshape():
     from ansor.apply import arg_specs, run
     from ansor.networks import copy_schedule
     from ansor.search_task import SearchTask
 
     funcs = _copy_funcs()
     scheduled = {name: copy_schedule(f, 2, 32) for name, f in funcs.items()}
-    assert scheduled["add"] is None and scheduled["transpose_reshape"] is None  # the State default's cases
+    assert scheduled["add"] is None  # it computes: the State default's case
     transpose = scheduled["transpose"].script()
     # 8 x 8 tiles (AVX2: 8 float lanes): the output's innermost loop unrolled, the input's vectorized
     assert "T.vectorized(8)" in transpose and "T.unroll(8)" in transpose and "T.parallel(" in transpose
     split = scheduled["split"].script()
     assert "T_reshape" not in split and split.count("T.vectorized(64)") == 3  # reshape inlined, no scalar copy
+    # [s, c] reads heads[c // 64, s, c % 64]: c split by 64, then a contiguous 64-wide copy
+    assert "T.vectorized(64)" in scheduled["transpose_reshape"].script()
     rng = np.random.default_rng(0)
-    for name in ("transpose", "split"):
+    for name in ("transpose", "split", "transpose_reshape"):
         args = [rng.random(shape, dtype="float32") for shape, _ in arg_specs(SearchTask(funcs[name], "llvm"))]
         want, got = (run(_compile(f), args) for f in (funcs[name], scheduled[name]))
         assert all(np.array_equal(w, g) for w, g in zip(want, got)), name
