@@ -250,3 +250,25 @@ def test_random_step_sequences_agree_with_tensorir(name):
         task.compute_dag.replay(state, verify=True)
         n_steps += len(state.steps)
     assert n_steps >= 60 * 4  # the generator really exercised the interpreters
+
+
+@pytest.mark.parametrize("lanes, pieces", [(24, "T.unroll(3)"), (48, "T.unroll(3)"), (16, None)])
+def test_a_vectorized_loop_is_replayed_in_power_of_two_vectors(lanes, pieces):
+    """TVM vectorizes a 24-lane loop as one vector built from scalar loads (BERT's dense layers in 4 x 24
+    register blocks ran 10x slower than in 4 x 16); replay vectorizes it as 3 unrolled vectors of 8 (48: of
+    16). The State keeps the one loop the search sees; the program computes the same."""
+    task = SearchTask.from_workload(f"matmul-8x{2 * lanes}x8", "llvm")
+    s = task.compute_dag.init_state()
+    s.split(0, 1, [lanes])                          # i j_0 j_1 k
+    s.reorder(0, [0, 1, 3, 2])                      # i j_0 k j_1
+    s.annotate(0, 3, "vectorize")
+    assert [it.annotation for it in s.stages[0].iters][-1] == "vectorize" and len(s.stages[0].iters) == 4
+    text = task.compute_dag.replay(s, verify=True).mod.script()
+    piece = lanes & -lanes
+    if pieces is None:
+        assert f"T.vectorized({lanes})" in text and "T.unroll(" not in text
+    else:
+        assert f"T.vectorized({lanes})" not in text and f"T.vectorized({piece})" in text and pieces in text
+    a, b = (np.random.default_rng(0).random(shape, dtype="float32") for shape in ((8, 8), (8, 2 * lanes)))
+    c = apply.run(apply.build(task, s), [a, b, np.zeros((8, 2 * lanes), "float32")])[2]
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)
