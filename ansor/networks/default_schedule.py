@@ -169,10 +169,11 @@ def copy_schedule(func: tvm.tirx.PrimFunc, num_cores: int, vector_bytes: int) ->
     transpose, contiguously along another loop ``u``: ``u`` and the innermost loop are split by the vector
     lanes and the two inner pieces go innermost, ``u``'s vectorized, so each vector load serves one
     lanes x lanes tile that stays in L1 while it is written. An innermost loop an input index divides by a
-    constant (a transpose then reshape) is split by it first (:func:`_split_innermost`). Measured on BERT-base's attention copies (AMD
-    EPYC Zen 3, 2 threads, each call timed in place in the tuned build): the q/k/v split 87 -> 42 us a
-    call (its reshape was a scalar loop), K's [128,768] -> [768,128] transpose 69 -> 17 us (element by
-    element with 3 KB strides before).
+    constant (a transpose then reshape) is split by it first (:func:`_split_innermost`). Measured on
+    BERT-base's attention copies (AMD EPYC Zen 3, 2 threads, each call timed in place in the tuned build):
+    the q/k/v split 87 -> 42 us a call (its reshape was a scalar loop), K's [128,768] -> [768,128] transpose
+    69 -> 17 us (element by element with 3 KB strides before), the attention output's transpose-then-reshape
+    29 -> 15 us.
     """
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     try:
@@ -186,7 +187,8 @@ def copy_schedule(func: tvm.tirx.PrimFunc, num_cores: int, vector_bytes: int) ->
             sch.compute_inline(block)
         except tvm.s_tir.ScheduleError:  # an output block, or one TVM cannot inline
             continue
-    plans = [(block, _copy_plan(sch, block) or _split_innermost(sch, block)) for block in sch.get_child_blocks(root)]
+    plans = [(block, _copy_plan(sch, block) or _split_innermost(sch, block))
+             for block in sch.get_child_blocks(root)]
     if not plans or any(plan is None for _, plan in plans):
         return None
     try:
