@@ -45,13 +45,9 @@ def replay(dag: "ComputeDAG", steps: Sequence[Step], verify: bool = False) -> tv
         state.apply(step)
         if verify:
             _check(rp, step)
-    reductions = _first_reduction_loops(rp)
+    reductions = _first_reduction_loops(rp)  # first: the vector split adds a loop, shifting rp.loops' indices
     _split_wide_vectors(rp)
-    for sid, loop in reductions.items():
-        try:
-            P.decompose_reduction(rp.sch, rp.blocks[sid], loop)
-        except Exception:  # TVM refuses some shapes (e.g. under a thread binding); the init then stays
-            continue
+    _decompose_reductions(rp, reductions)
     try:
         _rewrite_layouts(rp)
     except StepError:
@@ -102,6 +98,14 @@ def _first_reduction_loops(rp: Replay) -> dict[int, object]:
         if stage.compute_at != AttachKind.INLINED and first_reduce is not None:
             out[sid] = rp.loops(sid)[first_reduce]
     return out
+
+
+def _decompose_reductions(rp: Replay, loops: dict[int, object]) -> None:
+    for sid, loop in loops.items():
+        try:
+            P.decompose_reduction(rp.sch, rp.blocks[sid], loop)
+        except Exception:  # TVM refuses some shapes (e.g. under a thread binding); the init then stays
+            continue
 
 
 def _split_wide_vectors(rp: Replay) -> None:
