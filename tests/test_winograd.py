@@ -95,3 +95,9 @@ def test_other_convolutions_stay_direct(change):
         bb.emit_func_output(out)
     mod = bb.get()
     assert tvm_ffi.structural_equal(winograd_convs(mod)["main"], mod["main"])
+
+
+def test_winograd_can_be_switched_off():
+    names = sorted(t.name for t in extract(_conv_network(), TARGET, winograd=False).tasks)
+    assert not any("winograd" in n for n in names)
+    assert "fused_conv2d_add_relu [1,7,9,16]x[3,3,16,24]" in names, names
