@@ -20,7 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-TINY_TASKS = 5  # tiny-cnn: conv (x2), max pool, average pool, dense
+TINY_TASKS = 7  # tiny-cnn: conv, Winograd conv (input transform, product, output transform), 2 pools, dense
+TINY_TRIALS = 2 * TINY_TASKS  # two per round: the warm-up round gives every task one round
 
 
 def env() -> dict:
@@ -58,22 +59,22 @@ def assert_final_report(proc: subprocess.CompletedProcess) -> None:
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """One short end-to-end run: 10 trials, 2 per round, so every task gets one round."""
+    """One short end-to-end run: 2 trials per round, every task gets one round."""
     log = tmp_path_factory.mktemp("tuned") / "tiny-cnn-b1.json"
-    proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", 10, "--per-round", 2, "--log-file", log,
-               "--repeat", 3)
+    proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", TINY_TRIALS, "--per-round", 2,
+               "--log-file", log, "--repeat", 3)
     return log, proc
 
 
 def test_tiny_network_end_to_end(tuned):
     log, proc = tuned
     assert_final_report(proc)
-    assert len(records(log)) == 10
+    assert len(records(log)) == TINY_TRIALS
     assert len({key for key, _ in records(log)}) == TINY_TASKS  # the warm-up round visits every task
     # The live table (stderr) and the final table (stdout) name tasks with shapes, weights, trials, best ms.
     assert "fused_conv2d_add_relu" in proc.stderr and "[1,32,32,3]x[3,3,3,16]" in proc.stdout
     assert re.search(r"^Estimated total latency: \d+\.\d+ ms", proc.stdout, re.M), proc.stdout
-    assert "5 of 5 tasks use tuned schedules" in proc.stdout
+    assert f"{TINY_TASKS} of {TINY_TASKS} tasks use tuned schedules" in proc.stdout
 
 
 def test_each_task_measures_its_default_schedule_first(tuned):
@@ -101,7 +102,7 @@ def test_eval_only_applies_the_log_without_measuring(tuned, tmp_path):
     assert_final_report(proc)
     assert log.read_bytes() == before  # nothing measured, nothing appended
     assert "round" not in proc.stderr and "tuning:" not in proc.stderr
-    assert "5 of 5 tasks use tuned schedules" in proc.stdout
+    assert f"{TINY_TASKS} of {TINY_TASKS} tasks use tuned schedules" in proc.stdout
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -244,7 +245,8 @@ def test_evaluate_networks_table(tuned, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert re.match(r"Network +\| Batch \| Baseline \(default build\) \| +ansor \| Speedup", lines[0]), proc.stdout
-    assert re.match(r"tiny-cnn +\| +1 \| +\d+\.\d+ ms \| +\d+\.\d+ ms \| +\d+\.\d+x \| 5/5", lines[2]), proc.stdout
+    row = rf"tiny-cnn +\| +1 \| +\d+\.\d+ ms \| +\d+\.\d+ ms \| +\d+\.\d+x \| {TINY_TASKS}/{TINY_TASKS}"
+    assert re.match(row, lines[2]), proc.stdout
     assert "Baseline: default build" in proc.stdout
     # A log whose name does not say which network it is for.
     odd = tmp_path / "mylog.json"
@@ -271,7 +273,7 @@ def test_plot_data_and_missing_matplotlib(tuned, tmp_path):
     proc = run("plot_tuning_curve.py", tuned[0], "--csv", csv_file, extra_env=no_mpl, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = csv_file.read_text().splitlines()
-    assert rows[0].startswith("trial,total_ms,") and len(rows) == 1 + 10
+    assert rows[0].startswith("trial,total_ms,") and len(rows) == 1 + TINY_TRIALS
     total = [r.split(",")[1] for r in rows[1:]]
     assert total[0] == "" and total[-1] != ""  # defined once every task has a result
     assert float(total[-1]) == pytest.approx(_final_estimate(tuned[1].stdout), abs=2e-3)
@@ -285,7 +287,7 @@ def test_plot_tuning_curve_png(tuned, tmp_path):
     proc = run("plot_tuning_curve.py", tuned[0], "--out", png, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "10 trials; 5 of 5 tasks measured" in proc.stdout
+    assert f"{TINY_TRIALS} trials; {TINY_TASKS} of {TINY_TASKS} tasks measured" in proc.stdout
 
 
 def test_database_and_export(tuned, tmp_path):
@@ -295,8 +297,8 @@ def test_database_and_export(tuned, tmp_path):
     db.mkdir()
     shutil.copy(log, db / "earlier-run.json")
     out = tmp_path / "deploy"
-    proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", 10, "--database", db, "--export", out,
-               "--repeat", 1)
+    proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", TINY_TRIALS, "--database", db,
+               "--export", out, "--repeat", 1)
     assert_final_report(proc)
     assert f"{TINY_TASKS} of {TINY_TASKS} tasks already tuned there" in proc.stderr
     assert "tuning: 0 new trials" in proc.stderr
