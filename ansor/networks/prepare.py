@@ -31,7 +31,7 @@ from tvm import relax, te, topi
 
 from ..errors import short_message
 from .network import Network, NetworkError
-from .winograd import winograd_convs
+from .winograd import bound_constant, winograd_convs
 
 logger = logging.getLogger("ansor")
 
@@ -95,7 +95,7 @@ class _ConstantFolder(relax.PyExprMutator):
         if name not in ("relax.permute_dims", "relax.reshape", "relax.isnan", "relax.where"):
             return call
         tensors = call.args[:1] if name == "relax.reshape" else call.args
-        values = [self._constant(arg) for arg in tensors]
+        values = [bound_constant(self, arg) for arg in tensors]
         if any(v is None for v in values):
             return call
         if name == "relax.permute_dims":
@@ -110,11 +110,6 @@ class _ConstantFolder(relax.PyExprMutator):
             value = np.isnan(values[0]) if name == "relax.isnan" else np.where(*values)
         value = np.array(value, order="C")  # np.ascontiguousarray would make a 0-d array 1-d
         return relax.const(value, str(value.dtype))
-
-    def _constant(self, expr: relax.Expr):
-        if isinstance(expr, relax.Var):  # bound earlier in the dataflow block, maybe to a folded constant
-            expr = self.lookup_binding(expr)
-        return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
 
 
 _CLAMPS = {"maximum": (topi.maximum, relax.op.maximum), "minimum": (topi.minimum, relax.op.minimum)}

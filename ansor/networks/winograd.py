@@ -21,6 +21,7 @@ shapes took less time as the three tasks than as one direct convolution, each tu
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import numpy as np
 import tvm
@@ -77,6 +78,15 @@ def transform_weight(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(u.reshape(_ALPHA * _ALPHA, *weight.shape[2:]).astype(weight.dtype))
 
 
+def bound_constant(mutator: relax.PyExprMutator, expr: relax.Expr) -> Optional[np.ndarray]:
+    """The value of ``expr`` if it is a tensor constant, or a variable ``mutator`` saw bound to one earlier
+    in the dataflow block (maybe a constant folded there); None otherwise."""
+    if isinstance(expr, relax.Var):
+        expr = mutator.lookup_binding(expr)
+    value = getattr(expr, "value", None)  # scalar constants (PrimValue) hold a Python number: not a tensor
+    return value.numpy() if isinstance(value, tvm.runtime.Tensor) else None
+
+
 @relax.expr_functor.mutator
 class _WinogradConvs(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
@@ -87,7 +97,7 @@ class _WinogradConvs(relax.PyExprMutator):
         call = super().visit_call_(call)
         if getattr(call.op, "name", "") != "relax.nn.conv2d":
             return call
-        weight = self._constant(call.args[1])
+        weight = bound_constant(self, call.args[1])
         if not eligible(call, weight):
             return call
         self.count += 1
@@ -104,12 +114,6 @@ class _WinogradConvs(relax.PyExprMutator):
         # returned unbound: an alias binding in between would be opaque to FuseOps
         return self.builder_.call_te(_output_transform, product, (n, out_h, out_w), tiles,
                                      primfunc_name_hint="winograd_output", primfunc_attrs=_INJECTIVE)
-
-    def _constant(self, expr: relax.Expr):
-        if isinstance(expr, relax.Var):
-            expr = self.lookup_binding(expr)
-        value = getattr(expr, "value", None)
-        return value.numpy() if isinstance(value, tvm.runtime.Tensor) else None
 
 
 def _row_terms(matrix: np.ndarray, row) -> list[tuple[tvm.tirx.PrimExpr, tvm.tirx.PrimExpr]]:
@@ -138,7 +142,6 @@ def _input_transform(data: te.Tensor, pad_top: int, pad_left: int, tiles: tuple[
     """``V[4 e + n, p, c]``: tile ``p``'s ``(B^T d B)[e, n]`` of channel ``c``, the padding read as zeros."""
     _, h, w, c = data.shape
     batch, tiles_h, tiles_w = tiles
-
     count = batch * tiles_h * tiles_w
 
     def value(t, p, ci):
