@@ -11,7 +11,8 @@ from ansor.loop_nest import AttachKind
 from ansor.access import IterKind
 from ansor import apply
 from ansor.search_task import SearchTask
-from ansor.sketch.annotation import RegisterFile, factorizations, fill_tile_sizes, fits_registers
+from ansor.sketch import annotation
+from ansor.sketch.annotation import RegisterFile, factorizations, fill_tile_sizes, fits_registers, sample_cpu_program
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.sketch.evolution import evolutionary_search, mutate_parallel, mutate_tile_size
 from ansor.sketch.rules import Cond, SketchRule
@@ -101,6 +102,27 @@ def test_random_tiles_are_register_blocks_more_often_than_uniform_draws(mcpu, re
 
     assert share(True) > 0.4
     assert share(False) < 0.25
+
+
+def test_padding_is_inlined_in_about_half_the_random_programs(monkeypatch):
+    """A depthwise convolution's padding stage (it branches at the borders) is inlined into the convolution
+    in about half the random programs; drawn uniformly among root, inline and the consumer's loops it is
+    inlined far less often."""
+    task = SearchTask.from_workload("DEP-b1", "llvm -mcpu=znver3 -num-cores=2")
+    sketches = generate_sketches(task)
+    pad = next(i for i, st in enumerate(task.compute_dag.stages) if st.has_branch)
+    assert all(s.stages[pad].compute_at == AttachKind.ROOT for s in sketches)  # annotation places it
+
+    def inlined_share() -> float:
+        rng = random.Random(0)
+        states = [sample_cpu_program(task, sketches[i % len(sketches)], rng) for i in range(200)]
+        placed = [s.stages[pad].compute_at for s in states if s is not None]
+        assert len(placed) > 150
+        return placed.count(AttachKind.INLINED) / len(placed)
+
+    assert inlined_share() > 0.4
+    monkeypatch.setattr(annotation, "P_INLINE_BRANCH", 0.0)
+    assert inlined_share() < 0.25
 
 
 @pytest.mark.parametrize("name", ["matmul-512", "softmax-4x1024", "nhwc-resnet-50.C2", "conv2d-bn-relu", "TBS"])
