@@ -16,11 +16,14 @@ For each model:
    build with the best schedules found after each checkpoint minute (the curve), the final tuned build, the
    default build (parallel + vectorized default schedules), ONNX Runtime, OpenVINO and PyTorch eager
    (the runtimes come with the ``bench`` extra; a missing one is reported, not faked).
+4. Then the tuned build, ONNX Runtime and OpenVINO in turn, ``--rounds`` times: one timing each can land in a
+   burst of load on a shared machine for one and not the others; in turn they all meet the same bursts.
 
 Printed per model: each one's latency and ansor's speed relative to it, ansor's tuning minutes and trials,
 the per-task breakdown of the tuned build with every call timed in place (ms, share of the latency, GFLOPS,
 fraction of the machine's measured peak, see ``peak.py``, and the same task's time alone during tuning)
-and the time spent outside the tuned tasks (untuned functions, VM builtins); ``--plot`` draws latency
+and the time spent outside the tuned tasks (untuned functions, VM builtins), then the in-turn timings of
+every round, their medians and in how many rounds ansor beat every runtime; ``--plot`` draws latency
 against tuning minutes with the runtimes as horizontal lines (needs matplotlib).
 """
 
@@ -36,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from peak import cpu_description, measure_peak
 from peers import PeerResult, max_difference, onnxruntime_peer, openvino_peer, torch_peer
@@ -60,6 +65,7 @@ class ModelReport:
     outside: list[tuple[str, float]] = field(default_factory=list)  # other functions the VM calls: name, ms
     profile: Any = None  # ansor.networks.CallProfile of the tuned build
     error_vs_ort: float = float("nan")
+    rounds: dict[str, list[float]] = field(default_factory=dict)  # alternating timings: name -> ms per round
 
 
 @dataclass(frozen=True)
@@ -119,9 +125,9 @@ def records_until(log: Path, deadline: float, out: Path) -> int:
 
 
 def evaluate(report: ModelReport, extraction, log: Path, start: float, target, repeat: int, pause: float,
-             work: Path) -> list:
+             work: Path) -> tuple[Any, list]:
     """Time the builds along the tuning curve (minutes since the tuning command started, up to its last
-    measurement), the final tuned build and the default build; returns the tuned build's outputs."""
+    measurement), the final tuned build and the default build; returns the tuned build and its outputs."""
     from ansor.networks import apply_best, apply_history_best, build, profile_calls, run, time_network
     from ansor.records import load_records
     net = extraction.network
@@ -143,7 +149,24 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
     time.sleep(pause)
     report.default_ms = time_network(default, net, target=target, repeat=repeat).median_ms
     report.curve.insert(0, (0.0, report.default_ms))  # before any tuning: every task's default schedule
-    return run(tuned, net, net.random_inputs(0), target)
+    return tuned, run(tuned, net, net.random_inputs(0), target)
+
+
+def alternate(report: ModelReport, tuned, extraction, onnx: Path, feed: dict, threads: int, rounds: int,
+              repeat: int, pause: float, target) -> None:
+    """Time the tuned build, ONNX Runtime and OpenVINO in turn, ``rounds`` times. On a shared machine a burst
+    of load can land on one timing of one contender; taken in turn, every contender meets the same bursts,
+    and the per-round medians and wins are the comparison to trust."""
+    from ansor.networks import time_network
+    for _ in range(rounds):
+        time.sleep(pause)
+        ms = time_network(tuned, extraction.network, target=target, repeat=repeat).median_ms
+        report.rounds.setdefault("ansor, tuned", []).append(ms)
+        for peer in (onnxruntime_peer, openvino_peer):
+            time.sleep(pause)
+            result = peer(str(onnx), feed, threads, repeat)
+            if not result.missing:
+                report.rounds.setdefault(result.name, []).append(result.median_ms)
 
 
 def breakdown(report: ModelReport, extraction, log: Path, target) -> None:
@@ -180,6 +203,17 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
     fastest = min((p.median_ms for p in report.peers if not p.missing), default=float("nan"))
     print(f"ansor / fastest runtime: {report.tuned_ms / fastest:.2f}; ansor's output vs ONNX Runtime's: max "
           f"|difference| {report.error_vs_ort:.2e} of the output's scale")
+    if report.rounds:
+        ours = report.rounds["ansor, tuned"]
+        print(f"timed in turn, {len(ours)} rounds (ms per round; median):")
+        for name, ms in report.rounds.items():
+            print(f"  {name:<42}{' '.join(f'{m:7.2f}' for m in ms)}   median {np.median(ms):.2f}")
+        peers = [ms for name, ms in report.rounds.items() if name != "ansor, tuned"]
+        if peers:
+            best = [min(round_ms) for round_ms in zip(*peers)]
+            wins = sum(a < b for a, b in zip(ours, best))
+            print(f"ansor / fastest runtime, in turn: {np.median(ours) / min(np.median(ms) for ms in peers):.2f} "
+                  f"(faster than every runtime in {wins} of {len(best)} rounds)")
     profile = report.profile
     print(f"where the tuned build's time goes, each call timed in place ({profile.latency_ms:.2f} ms per "
           f"inference unprobed):")
@@ -241,7 +275,7 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
         report.tuning_s = max((r.result.timestamp for r in records), default=start) - start
     net = load_onnx(onnx)
     extraction = extract(net, target)
-    outputs = evaluate(report, extraction, log, start, target, args.repeat, args.pause, work)
+    tuned, outputs = evaluate(report, extraction, log, start, target, args.repeat, args.pause, work)
     breakdown(report, extraction, log, target)
     feed = {spec.name: array for spec, array in zip(net.inputs, net.random_inputs(0))}
     for peer in (lambda: onnxruntime_peer(str(onnx), feed, threads, args.repeat),
@@ -258,6 +292,8 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
         ms = time_network(exe, extraction.network, target=target, repeat=args.repeat)
         report.peers.append(PeerResult(f"MetaSchedule, {report.trials} trials ({wall / 60:.0f} min)", ms.mean_ms,
                                        ms.median_ms))
+    if args.rounds:
+        alternate(report, tuned, extraction, onnx, feed, threads, args.rounds, args.repeat, args.pause, target)
     ort = next((p for p in report.peers if p.outputs is not None and p.name.startswith("ONNX")), None)
     if ort is not None:
         report.error_vs_ort = max_difference(outputs, ort.outputs)
@@ -280,9 +316,12 @@ def main() -> int:
     parser.add_argument("--work-dir", default=None, help="ONNX files and logs (default: a temporary directory)")
     parser.add_argument("--repeat", type=int, default=10, help="timing repeats of each build (default 10)")
     parser.add_argument("--pause", type=float, default=3.0, help="seconds between timings (default 3)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="at the end, time the tuned build, ONNX Runtime and OpenVINO in turn this many "
+                             "times (a shared machine's bursts of load then hit all alike; default 5, 0: skip)")
     args = parser.parse_args()
-    if args.minutes <= 0 or args.repeat < 1 or args.n_trials < 1:
-        print("error: --minutes, --repeat and --n-trials must be positive", file=sys.stderr)
+    if args.minutes <= 0 or args.repeat < 1 or args.n_trials < 1 or args.rounds < 0:
+        print("error: --minutes, --repeat and --n-trials must be positive, --rounds at least 0", file=sys.stderr)
         return 2
     if args.log and len(args.onnx or args.models) != 1:
         print("error: --log evaluates one model: give one --models name or one --onnx file", file=sys.stderr)
