@@ -48,6 +48,7 @@ from peers import PeerResult, max_difference, onnxruntime_peer, openvino_peer, t
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("resnet-50", "mobilenet-v2", "bert")
 CHECKPOINTS = (1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60)
+OURS = "ansor, tuned"  # the tuned build's row among the in-turn timings
 
 
 @dataclass
@@ -161,7 +162,7 @@ def alternate(report: ModelReport, tuned, extraction, onnx: Path, feed: dict, th
     for _ in range(rounds):
         time.sleep(pause)
         ms = time_network(tuned, extraction.network, target=target, repeat=repeat).median_ms
-        report.rounds.setdefault("ansor, tuned", []).append(ms)
+        report.rounds.setdefault(OURS, []).append(ms)
         for peer in (onnxruntime_peer, openvino_peer):
             time.sleep(pause)
             result = peer(str(onnx), feed, threads, repeat)
@@ -204,11 +205,11 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
     print(f"ansor / fastest runtime: {report.tuned_ms / fastest:.2f}; ansor's output vs ONNX Runtime's: max "
           f"|difference| {report.error_vs_ort:.2e} of the output's scale")
     if report.rounds:
-        ours = report.rounds["ansor, tuned"]
+        ours = report.rounds[OURS]
         print(f"timed in turn, {len(ours)} rounds (ms per round; median):")
         for name, ms in report.rounds.items():
             print(f"  {name:<42}{' '.join(f'{m:7.2f}' for m in ms)}   median {np.median(ms):.2f}")
-        peers = [ms for name, ms in report.rounds.items() if name != "ansor, tuned"]
+        peers = [ms for name, ms in report.rounds.items() if name != OURS]
         if peers:
             best = [min(round_ms) for round_ms in zip(*peers)]
             wins = sum(a < b for a, b in zip(ours, best))
