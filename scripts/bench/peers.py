@@ -4,6 +4,11 @@ ONNX Runtime and OpenVINO come with the ``bench`` extra (``pip install -e ".[ben
 installed is reported as missing, never faked. Every runtime is timed as ansor's builds are
 (:func:`ansor.networks.time_network`): a few warm-up runs, then ``repeat`` repeats of at least
 ``min_repeat_ms`` each; the statistics are over the repeats.
+
+Every runtime computes in float32, as ansor does, unless a row says otherwise: OpenVINO's CPU plugin defaults to
+bfloat16 on CPUs with native bf16 arithmetic (AVX512_BF16 or AMX; on an AMD Zen 5 it ran BERT-base 1.8x faster
+than in f32, its outputs 5e-3 of their scale from ONNX Runtime's instead of 1e-6), so it is timed with
+``INFERENCE_PRECISION_HINT=f32``, and its default precision is reported as a row of its own where that differs.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class PeerResult:
     median_ms: float = float("nan")
     outputs: Optional[list[np.ndarray]] = None
     missing: str = ""
+    precision: str = "f32"  # the arithmetic it ran; only f32 rows are ansor's like-for-like peers
 
 
 def time_calls(run: Callable[[], object], repeat: int = 10, min_repeat_ms: float = 200.0,
@@ -59,21 +65,38 @@ def onnxruntime_peer(path: str, feed: dict[str, np.ndarray], threads: int, repea
     return PeerResult(f"ONNX Runtime {ort.__version__}", mean, median, list(outputs))
 
 
-def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: int) -> PeerResult:
-    """OpenVINO's CPU plugin with the latency hint and ``threads`` inference threads."""
+def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: int,
+                  precision: str = "f32") -> PeerResult:
+    """OpenVINO's CPU plugin with the latency hint, ``threads`` inference threads and ``precision`` (``f32``, or
+    ``default``: the plugin's own choice for this CPU, see the module's docstring)."""
     try:
         import openvino as ov
     except ImportError:
         return PeerResult("OpenVINO", missing="pip install openvino (the bench extra)")
     core = ov.Core()
-    compiled = core.compile_model(core.read_model(path), "CPU",
-                                  {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if precision == "default":
+        precision = core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = core.compile_model(core.read_model(path), "CPU", config)
     request = compiled.create_infer_request()
     by_name = {port.any_name: feed[port.any_name] for port in compiled.inputs}
     result = request.infer(by_name)
     outputs = [np.asarray(result[port]) for port in compiled.outputs]
     mean, median = time_calls(lambda: request.infer(by_name), repeat)
-    return PeerResult(f"OpenVINO {ov.__version__.split('-')[0]}", mean, median, outputs)
+    name = f"OpenVINO {ov.__version__.split('-')[0]}"
+    if precision != "f32":
+        name += f" ({precision}, its default here)"
+    return PeerResult(name, mean, median, outputs, precision=precision)
+
+
+def openvino_default_precision() -> Optional[str]:
+    """The precision OpenVINO's CPU plugin picks on this CPU by default, or None without OpenVINO."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    return ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
 
 
 def torch_peer(network: str, batch_size: int, threads: int, repeat: int) -> PeerResult:
