@@ -76,7 +76,7 @@ def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: 
     core = ov.Core()
     config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
     if precision == "default":
-        precision = core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+        precision = openvino_default_precision()
     config["INFERENCE_PRECISION_HINT"] = precision
     compiled = core.compile_model(core.read_model(path), "CPU", config)
     request = compiled.create_infer_request()
