@@ -293,7 +293,7 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
     ov_default = openvino_default_precision()
     for peer in (lambda: onnxruntime_peer(str(onnx), feed, threads, args.repeat),
                  lambda: openvino_peer(str(onnx), feed, threads, args.repeat),
-                 lambda: (openvino_peer(str(onnx), feed, threads, args.repeat, "default")
+                 lambda: (openvino_peer(str(onnx), feed, threads, args.repeat, ov_default)
                           if ov_default not in (None, "f32") else None),
                  lambda: torch_peer(torch_name, 1, threads, args.repeat) if torch_name else None):
         time.sleep(args.pause)

@@ -67,18 +67,16 @@ def onnxruntime_peer(path: str, feed: dict[str, np.ndarray], threads: int, repea
 
 def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: int,
                   precision: str = "f32") -> PeerResult:
-    """OpenVINO's CPU plugin with the latency hint, ``threads`` inference threads and ``precision`` (``f32``, or
-    ``default``: the plugin's own choice for this CPU, see the module's docstring)."""
+    """OpenVINO's CPU plugin with the latency hint, ``threads`` inference threads and ``precision`` (``f32``,
+    or the plugin's own default for this CPU from :func:`openvino_default_precision`, see the module's
+    docstring)."""
     try:
         import openvino as ov
     except ImportError:
         return PeerResult("OpenVINO", missing="pip install openvino (the bench extra)")
     core = ov.Core()
-    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
-    if precision == "default":
-        precision = openvino_default_precision()
-    config["INFERENCE_PRECISION_HINT"] = precision
-    compiled = core.compile_model(core.read_model(path), "CPU", config)
+    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                  "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision})
     request = compiled.create_infer_request()
     by_name = {port.any_name: feed[port.any_name] for port in compiled.inputs}
     result = request.infer(by_name)
