@@ -5,6 +5,7 @@ loop extent against the pure-Python state), compiled for llvm, run, and compared
 """
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -167,6 +168,30 @@ def test_attach_follows_split_and_blocks_illegal_moves():
     with pytest.raises(StepError, match="computed at its loops"):
         s.copy().compute_at(0, 1, 0)
     s.copy().with_steps(s.steps)  # the same steps rebuild the same state
+
+
+def test_a_reduction_is_computed_under_the_loop_of_all_its_consumers():
+    """A softmax's max feeds its exponentials' sum and the normalization: once the sum is computed under
+    the normalization's row loop, the max can be too (ahead of it), and the whole softmax is one parallel
+    loop over rows. While the sum stays at the root the move is refused, naming it."""
+    task = SearchTask.from_workload("softmax-64x128", "llvm -num-cores=2")
+    s = task.compute_dag.init_state()
+    ids = {st.name: i for i, st in enumerate(s.stages)}
+    maxelem, expsum, norm = ids["T_softmax_maxelem"], ids["T_softmax_expsum"], ids["T_softmax_norm"]
+    s.compute_inline(ids["T_softmax_exp"])
+    with pytest.raises(StepError, match=re.escape(f"other consumers ([{expsum}])")):
+        s.copy().compute_at(maxelem, norm, 0)
+    s.compute_at(expsum, norm, 0)
+    s.compute_at(maxelem, norm, 0)
+    assert [it.extent for it in s.stages[maxelem].iters] == [1, 128]  # one row, all its columns
+    s.annotate(norm, 0, "parallel")
+    s.annotate(norm, 1, "vectorize")
+    mod = task.compute_dag.replay(s, verify=True).mod
+    assert mod.script().count("T.parallel(") == 1
+    args = apply.random_inputs(task, seed=1)
+    got = apply.run(apply.build(task, s), args)
+    want = get_workload("softmax-64x128").reference(args[:-1])[-1]
+    np.testing.assert_allclose(got[-1], want, rtol=1e-5, atol=1e-6)
 
 
 def test_inline_rewrites_consumer_accesses():

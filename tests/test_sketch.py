@@ -125,6 +125,46 @@ def test_padding_is_inlined_in_about_half_the_random_programs(monkeypatch):
     assert inlined_share() < 0.25
 
 
+def _row_fused(state) -> bool:
+    """Every reduction (rfactor stages too) computed under one and the same loop."""
+    reductions = [st for st in state.stages if st.compute_at != AttachKind.INLINED
+                  and any(it.kind == IterKind.REDUCE for it in st.iters)]
+    return all(st.compute_at == AttachKind.ITER for st in reductions) and len({st.attach for st in reductions}) == 1
+
+
+def test_random_programs_compute_a_softmax_row_by_row(monkeypatch):
+    """A reduction cannot be inlined, and at the root it is a parallel region of its own. Random annotation
+    computes a softmax's reductions (the max, the sum of exponentials, their rfactor stages) under the
+    normalization's row loop, where all their readers are, in a good share of programs, with the rfactor
+    lanes moved innermost and vectorized; never under the column loop, which would redo a row's reduction
+    for every column. Drawn uniformly (no following), whole rows are fused far less often."""
+    task = SearchTask.from_workload("softmax-128x128", TARGET)
+    sketches = generate_sketches(task)
+    init = task.compute_dag.init_state()
+    ids = {st.name: i for i, st in enumerate(init.stages)}
+    assert annotation.compute_location_candidates(init, ids["T_softmax_expsum"]) == [(ids["T_softmax_norm"], 0)]
+
+    def sample(n: int) -> list:
+        rng = random.Random(0)
+        states = [sample_cpu_program(task, sketches[i % len(sketches)], rng) for i in range(n)]
+        return [s for s in states if s is not None]
+
+    states = sample(300)
+    fused = [s for s in states if _row_fused(s)]
+    assert len(fused) > 0.15 * len(states)
+    vectorized = [s for s in fused if any(st.name.endswith("_rf") and st.iters[-1].annotation == "vectorize"
+                                          for st in s.stages)]
+    assert vectorized
+    wl = get_workload("softmax-128x128")
+    args = apply.random_inputs(task, seed=2)
+    for state in vectorized[:2]:
+        task.compute_dag.replay(state, verify=True)
+        got = apply.run(apply.build(task, state), args)
+        np.testing.assert_allclose(got[-1], wl.reference(args[:-1])[-1], rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(annotation, "P_FOLLOW_CONSUMERS", 0.0)
+    assert sum(map(_row_fused, sample(300))) < len(fused) / 2
+
+
 @pytest.mark.parametrize("name", ["matmul-512", "softmax-4x1024", "nhwc-resnet-50.C2", "conv2d-bn-relu", "TBS"])
 def test_initial_population_replays_and_compiles(name):
     """>= 500 distinct random programs per workload replay onto TensorIR; a sample is checked loop by loop

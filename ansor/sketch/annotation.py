@@ -20,7 +20,7 @@ from ..loop_state import Stage, State
 from ..search_task import SearchTask
 from ..target import is_gpu
 from ..transform_steps import SplitStep
-from .rules import CPU_STRUCTURE, dag_stage, has_reduce_iter, is_output, needs_multi_level_tiling
+from .rules import CPU_STRUCTURE, dag_stage, has_reduce_iter, is_output, is_rfactor_stage, needs_multi_level_tiling
 
 #: The innermost tile is at most this long (Ansor's default). Vectorized loops get up to 64 lanes, as in
 #: MetaSchedule (Ansor allowed 16): with AVX-512 a 4 x 64 register block is 16 accumulators.
@@ -50,6 +50,13 @@ REGISTER_TILE_TRIES = 200
 #: channel) convolution 0.298 -> 0.220, ResNet-50's 7x7 stem 1.44 -> 1.36 and its stride-2 56x56x128 3x3
 #: layer 1.37 -> 1.29; the 14x14x384 depthwise one 0.051 -> 0.058 and the 112x112x64 max pooling level.
 P_INLINE_BRANCH = 0.5
+#: How often random annotation computes a reduction under the loop where all its consumers are computed
+#: (else the root or a consumer loop, uniformly). A reduction cannot be inlined, and at the root it is a
+#: parallel region of its own: BERT-base's layer norm (mean, variance, their ``_rf`` stages) is five,
+#: 19 us tuned at 48 trials, against 12 us as one region computed row by row (AMD EPYC, znver5, 2 threads).
+#: Each stage of such a chain must follow for the whole to be fused, hence a probability well above the
+#: uniform choice's (docs/design.md).
+P_FOLLOW_CONSUMERS = 0.75
 #: Registers a register block leaves free for the operands (a broadcast input, the weight vectors).
 SPARE_REGISTERS = 4
 #: A spatial iterator of the CPU tiling structure is split into one level per ``S``: that many less one lengths.
@@ -150,11 +157,21 @@ def fits_registers(spatial: list[tuple[int, ...]], lanes: int, registers: int) -
 
 
 def compute_location_candidates(state: State, stage_id: int) -> list[tuple[int, int]]:
-    """Loops of the single consumer under which a producer could be computed (Ansor's candidate rule)."""
+    """Loops under which a producer could be computed: those of its single consumer (Ansor's candidate
+    rule), and the loop where all its consumers are already computed (:func:`consumers_loop`)."""
     consumers = state.consumers(stage_id)
-    if len(consumers) != 1:
-        return []
-    target = consumers[0]
+    out: list[tuple[int, int]] = []
+    if len(consumers) == 1:
+        out = _consumer_loops(state, consumers[0])
+        if has_reduce_iter(state, stage_id):
+            out = _without_recomputation(state, stage_id, out)
+    shared = consumers_loop(state, stage_id)
+    if shared is not None and shared not in out:
+        out.append(shared)
+    return out
+
+
+def _consumer_loops(state: State, target: int) -> list[tuple[int, int]]:
     tstage = state.stages[target]
     tiled = any(isinstance(s, SplitStep) and s.stage_id == target for s in state.steps)
     out: list[tuple[int, int]] = []
@@ -177,29 +194,85 @@ def compute_location_candidates(state: State, stage_id: int) -> list[tuple[int, 
     return out
 
 
+def _without_recomputation(state: State, stage_id: int, loops: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The leading loops of ``loops`` that each move the part of the stage's output their stage reads.
+
+    Under a loop that does not (a normalization's column loop, for a row's mean), the whole stage would
+    run again at every iteration: for a reduction that is its whole cost again, never a gain.
+    """
+    out: list[tuple[int, int]] = []
+    for target, k in loops:
+        tstage = state.stages[target]
+        read = {name for acc in tstage.block.reads_of(state.stages[stage_id].block.writes[0].buffer)
+                for idx in acc.indices if idx is not None for name, _ in idx.terms}
+        if not read & {p.var for p in tstage.iters[k].parts}:
+            break
+        out.append((target, k))
+    return out
+
+
+def consumers_loop(state: State, stage_id: int) -> Optional[tuple[int, int]]:
+    """The one loop under which every consumer of the stage is computed, or whose stage is each consumer
+    not computed there (None if there is no such loop): the stage can be computed there, ahead of them."""
+    consumers = state.consumers(stage_id)
+    placed = {state.stages[c].attach for c in consumers if state.stages[c].compute_at == AttachKind.ITER}
+    if len(placed) != 1:
+        return None
+    target, iter_id = placed.pop()
+    if any(c != target and state.stages[c].attach != (target, iter_id) for c in consumers):
+        return None
+    return target, iter_id
+
+
+def lanes_innermost(state: State, stage_id: int) -> None:
+    """Move the stage's last contiguous spatial loop (short enough to vectorize) innermost, if it has one.
+
+    For a reduction just computed at a consumer's loop: its loops were regenerated in block-variable
+    order, which puts an ``_rf`` stage's lanes outside its reduce loop, where they cannot be vectorized.
+    """
+    stage = state.stages[stage_id]
+    attached_at = {state.stages[c].attach[1] for c in state.attached_to(stage_id)}
+    for k in range(len(stage.iters) - 1, -1, -1):
+        it = stage.iters[k]
+        if (it.kind == IterKind.SPATIAL and it.annotation == "none" and k not in attached_at
+                and 1 < (it.extent or 1) <= MAX_VECTORIZE_LANES and contiguous(stage, (it,))):
+            if k < len(stage.iters) - 1:
+                state.reorder(stage_id, [j for j in range(len(stage.iters)) if j != k] + [k])
+            return
+
+
 def change_compute_location(state: State, rng: random.Random) -> State:
     """For each untiled, unplaced stage: keep it at the root, inline it, or compute it at a consumer loop
-    (a padding stage inlined with probability :data:`P_INLINE_BRANCH`)."""
+    (a padding stage inlined with probability :data:`P_INLINE_BRANCH`; a reduction whose consumers are all
+    under one loop computed there with probability :data:`P_FOLLOW_CONSUMERS`)."""
     for stage_id in range(len(state.stages) - 1, -1, -1):
         stage = state.stages[stage_id]
-        if stage.compute_at != AttachKind.ROOT or stage.origin < 0 or needs_multi_level_tiling(state, stage_id):
+        if stage.compute_at != AttachKind.ROOT or needs_multi_level_tiling(state, stage_id):
             continue
-        if any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps):
+        if stage.origin < 0 and not is_rfactor_stage(state, stage_id):
             continue
         candidates = compute_location_candidates(state, stage_id)
+        shared = consumers_loop(state, stage_id)
         ds = dag_stage(state, stage_id)
-        if ds is not None and ds.has_branch and rng.random() < P_INLINE_BRANCH:
+        reduction = has_reduce_iter(state, stage_id)
+        if shared is not None and reduction and rng.random() < P_FOLLOW_CONSUMERS:
+            choice = 2 + candidates.index(shared)
+        elif reduction:  # cannot be inlined: the root or a loop
+            choice = rng.choice([0, *range(2, len(candidates) + 2)])
+        elif ds is not None and ds.has_branch and rng.random() < P_INLINE_BRANCH:
             choice = 1
         else:
             choice = rng.randrange(len(candidates) + 2)
         trial = state.copy()
         try:
             if choice == 1:
-                if has_reduce_iter(state, stage_id) or is_output(state, stage_id):
+                if is_output(state, stage_id):
                     continue
                 trial.compute_inline(stage_id)
             elif choice >= 2:
                 trial.compute_at(stage_id, *candidates[choice - 2])
+                if reduction:
+                    lanes_innermost(trial, stage_id)
             else:
                 continue
         except StepError:

@@ -55,6 +55,13 @@ def has_reduce_iter(state: State, stage_id: int) -> bool:
     return any(it.kind == IterKind.REDUCE for it in state.stages[stage_id].iters)
 
 
+def is_rfactor_stage(state: State, stage_id: int) -> bool:
+    """True for the ``_rf`` stage an rfactor made: its only consumer is the reduction it was factored from."""
+    consumers = state.consumers(stage_id)
+    return (state.stages[stage_id].origin < 0 and len(consumers) == 1
+            and state.stages[stage_id].name == f"{state.stages[consumers[0]].name}_rf")
+
+
 def is_output(state: State, stage_id: int) -> bool:
     return bool(set(state.stages[stage_id].block.write_buffers()) & state.dag.param_buffers)
 

@@ -1,9 +1,9 @@
 """Where a stage is computed: ``CA`` under another stage's loop, ``CI`` inlined, ``CR`` at the root.
 
-``CA`` replays as ``compute_at`` when the target consumes the stage and as ``reverse_compute_at`` when the
-target produces what the stage reads (TensorIR's way of fusing an epilogue into a tiled producer). Either
-way the moved stage's loops are regenerated, one per block iterator, covering the bounding box TensorIR
-infers. ``CR`` only asserts that a stage stays at the root: TensorIR cannot detach a computed-at block.
+``CA`` replays as ``compute_at`` when the target consumes the stage (or every other consumer of the stage
+is already computed at that loop) and as ``reverse_compute_at`` when the target produces what the stage
+reads (TensorIR's way of fusing an epilogue into a tiled producer). Either way the moved stage's loops
+are regenerated, one per block iterator, covering the bounding box TensorIR infers. ``CR`` only asserts that a stage stays at the root: TensorIR cannot detach a computed-at block.
 """
 
 from __future__ import annotations
@@ -45,8 +45,18 @@ class ComputeAtStep(Step):
         ranges = var_ranges(target.block, inner)
         written = set(stage.block.write_buffers())
         shared = [b for b in target.block.read_buffers() if b in written]
-        if shared:  # target consumes the stage: compute_at, cover what the target reads
-            region = region_extents(target.block.reads_of(shared[0]), ranges, state.shapes[shared[0]])
+        beside = _consumers_beside(state, self.stage_id, self.target_stage_id, self.target_iter_id)
+        if shared or beside:  # read under the target loop: compute_at, cover what every reader there reads
+            buffer = shared[0] if shared else stage.block.writes[0].buffer
+            readers = [(target, ranges)] if shared else []
+            for c in beside:
+                reader = state.stages[c]
+                readers.append((reader, var_ranges(reader.block, [it.parts for it in reader.iters])))
+            used = [acc for reader, _ in readers for acc in reader.block.reads_of(buffer)]
+            regions = [region_extents(reader.block.reads_of(buffer), spans, state.shapes[buffer])
+                       for reader, spans in readers]
+            region = [None if any(r[d] is None for r in regions) else max(r[d] for r in regions)
+                      for d in range(len(regions[0]))]
             own = stage.block.writes[0]
         else:  # target produces what the stage reads: reverse_compute_at, cover what the target writes
             made = [a for a in target.block.writes if a.buffer in stage.block.read_buffers()]
@@ -58,7 +68,7 @@ class ComputeAtStep(Step):
                                 f"{self.target_stage_id} ({target.name}); compute_at needs a data dependence")
             region = region_extents(made, ranges, state.shapes[made[0].buffer])
             own = stage.block.reads_of(made[0].buffer)[0]
-        used = target.block.reads_of(shared[0]) if shared else made
+            used = made
         if any(i is None for acc in used for i in acc.indices):
             raise StepError(f"stage {self.target_stage_id} ({target.name}) accesses {used[0].buffer} non-affinely; "
                             f"the region stage {self.stage_id} ({stage.name}) must cover cannot be bounded")
@@ -84,16 +94,19 @@ class ComputeAtStep(Step):
         if stage.compute_at != AttachKind.ROOT:
             raise StepError(f"stage {self.stage_id} ({stage.name}) is already computed at stage {stage.attach[0]}; "
                             "edit that CA step instead of adding another")
+        beside = _consumers_beside(state, self.stage_id, self.target_stage_id, self.target_iter_id)
         for role, others in (("consumers", state.consumers(self.stage_id)), ("producers", state.producers(self.stage_id))):
-            if self.target_stage_id in others and others != [self.target_stage_id]:
-                raise StepError(f"stage {self.stage_id} ({stage.name}) has other {role} ({others}) that would "
+            away = [o for o in others if o != self.target_stage_id and o not in beside]
+            if self.target_stage_id in others and away:
+                raise StepError(f"stage {self.stage_id} ({stage.name}) has other {role} ({away}) that would "
                                 f"not be under stage {self.target_stage_id}'s loop")
 
     def primitive(self, state: "State") -> str:
-        """``compute_at`` when the target consumes the stage, else ``reverse_compute_at``."""
+        """``compute_at`` when the stage is read under the target loop, else ``reverse_compute_at``."""
         stage, target = state.stages[self.stage_id], state.stages[self.target_stage_id]
         feeds = set(stage.block.write_buffers()) & set(target.block.read_buffers())
-        return "compute_at" if feeds else "reverse_compute_at"
+        beside = _consumers_beside(state, self.stage_id, self.target_stage_id, self.target_iter_id)
+        return "compute_at" if feeds or beside else "reverse_compute_at"
 
     def apply_to_schedule(self, replay: Replay) -> None:
         loop = replay.loops(self.target_stage_id)[self.target_iter_id]
@@ -103,6 +116,19 @@ class ComputeAtStep(Step):
     def to_code(self, names: CodeNames) -> str:
         return (f"sch.{self.primitive(names.state)}({names.block(self.stage_id)}, "
                 f"{names.loop(self.target_stage_id, self.target_iter_id)}, preserve_unit_loops=True)")
+
+
+def _consumers_beside(state: "State", stage_id: int, target_id: int, iter_id: int) -> list[int]:
+    """The stage's consumers already computed at loop ``iter_id`` of ``target_id``, when that is every
+    consumer but the target itself (else none): the stage may then be computed at that loop too, ahead of
+    them, as a layer norm's mean and variance are computed under the row loop of the normalization that
+    reads them. The stage's region then covers what each of them reads."""
+    consumers = [c for c in state.consumers(stage_id) if c != target_id]
+    here = (target_id, iter_id)
+    if consumers and all(state.stages[c].compute_at == AttachKind.ITER and state.stages[c].attach == here
+                         for c in consumers):
+        return consumers
+    return []
 
 
 def _scope_of(state: "State", buffer: str) -> str:
