@@ -212,8 +212,8 @@ def _without_recomputation(state: State, stage_id: int, loops: list[tuple[int, i
 
 
 def consumers_loop(state: State, stage_id: int) -> Optional[tuple[int, int]]:
-    """The one loop under which every consumer of the stage is computed, or whose stage is each consumer
-    not computed there (None if there is no such loop): the stage can be computed there, ahead of them."""
+    """The loop (stage, iterator) that every consumer of the stage is computed at, the stage owning it
+    aside (it may be a consumer too); None if there is none. The stage can be computed there, ahead of them."""
     consumers = state.consumers(stage_id)
     placed = {state.stages[c].attach for c in consumers if state.stages[c].compute_at == AttachKind.ITER}
     if len(placed) != 1:
