@@ -123,6 +123,8 @@ def _consumers_beside(state: "State", stage_id: int, target_id: int, iter_id: in
     consumer but the target itself (else none): the stage may then be computed at that loop too, ahead of
     them, as a layer norm's mean and variance are computed under the row loop of the normalization that
     reads them. The stage's region then covers what each of them reads."""
+    if set(state.stages[target_id].block.write_buffers()) & set(state.stages[stage_id].block.read_buffers()):
+        return []  # the target produces what the stage reads: the stage is its epilogue (reverse_compute_at)
     consumers = [c for c in state.consumers(stage_id) if c != target_id]
     here = (target_id, iter_id)
     if consumers and all(state.stages[c].compute_at == AttachKind.ITER and state.stages[c].attach == here
