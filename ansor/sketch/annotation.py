@@ -19,7 +19,7 @@ from ..loop_nest import AttachKind
 from ..loop_state import Stage, State
 from ..search_task import SearchTask
 from ..target import is_gpu
-from ..transform_steps import SplitStep
+from ..transform_steps import SplitStep, consumers_beside
 from .rules import CPU_STRUCTURE, dag_stage, has_reduce_iter, is_output, is_rfactor_stage, needs_multi_level_tiling
 
 #: The innermost tile is at most this long (Ansor's default). Vectorized loops get up to 64 lanes, as in
@@ -195,17 +195,20 @@ def _consumer_loops(state: State, target: int) -> list[tuple[int, int]]:
 
 
 def _without_recomputation(state: State, stage_id: int, loops: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The leading loops of ``loops`` that each move the part of the stage's output their stage reads.
+    """The leading loops of ``loops`` (all of the stage's one consumer) that each move the part of the stage's
+    output the consumer reads.
 
     Under a loop that does not (a normalization's column loop, for a row's mean), the whole stage would
     run again at every iteration: for a reduction that is its whole cost again, never a gain.
     """
+    if not loops:
+        return loops
+    consumer = state.stages[loops[0][0]]
+    read = {name for acc in consumer.block.reads_of(state.stages[stage_id].block.writes[0].buffer)
+            for idx in acc.indices if idx is not None for name, _ in idx.terms}
     out: list[tuple[int, int]] = []
     for target, k in loops:
-        tstage = state.stages[target]
-        read = {name for acc in tstage.block.reads_of(state.stages[stage_id].block.writes[0].buffer)
-                for idx in acc.indices if idx is not None for name, _ in idx.terms}
-        if not read & {p.var for p in tstage.iters[k].parts}:
+        if not read & {p.var for p in consumer.iters[k].parts}:
             break
         out.append((target, k))
     return out
@@ -213,15 +216,14 @@ def _without_recomputation(state: State, stage_id: int, loops: list[tuple[int, i
 
 def consumers_loop(state: State, stage_id: int) -> Optional[tuple[int, int]]:
     """The loop (stage, iterator) that every consumer of the stage is computed at, the stage owning it
-    aside (it may be a consumer too); None if there is none. The stage can be computed there, ahead of them."""
-    consumers = state.consumers(stage_id)
-    placed = {state.stages[c].attach for c in consumers if state.stages[c].compute_at == AttachKind.ITER}
+    aside (it may be a consumer too); None if there is none. The stage can be computed there, ahead of them
+    (what ``CA`` accepts: :func:`~ansor.transform_steps.consumers_beside`)."""
+    placed = {state.stages[c].attach for c in state.consumers(stage_id)
+              if state.stages[c].compute_at == AttachKind.ITER}
     if len(placed) != 1:
         return None
-    target, iter_id = placed.pop()
-    if any(c != target and state.stages[c].attach != (target, iter_id) for c in consumers):
-        return None
-    return target, iter_id
+    loop = placed.pop()
+    return loop if consumers_beside(state, stage_id, *loop) else None
 
 
 def lanes_innermost(state: State, stage_id: int) -> None:

@@ -43,7 +43,7 @@ from ..errors import StepError, short_repr
 from .base import P, CodeNames, Replay, Step, ident, step_to_json
 from .layout import LayoutRewriteStep, StorageAlignStep
 from .loops import ANNOTATIONS, PRAGMAS, AnnotationStep, FuseStep, PragmaStep, ReorderStep
-from .placement import ComputeAtStep, ComputeInlineStep, ComputeRootStep
+from .placement import ComputeAtStep, ComputeInlineStep, ComputeRootStep, consumers_beside
 from .split import FollowFusedSplitStep, FollowSplitStep, SplitLike, SplitStep
 from .stages import CacheReadStep, CacheWriteStep, RfactorStep
 
@@ -51,7 +51,7 @@ __all__ = [
     "ANNOTATIONS", "PRAGMAS", "STEP_TYPES", "AnnotationStep", "CacheReadStep", "CacheWriteStep", "CodeNames",
     "ComputeAtStep", "ComputeInlineStep", "ComputeRootStep", "FollowFusedSplitStep", "FollowSplitStep", "FuseStep",
     "LayoutRewriteStep", "P", "PragmaStep", "ReorderStep", "Replay", "RfactorStep", "SplitLike", "SplitStep", "Step",
-    "StorageAlignStep", "ident", "step_from_json", "step_to_json", "steps_to_json",
+    "StorageAlignStep", "consumers_beside", "ident", "step_from_json", "step_to_json", "steps_to_json",
 ]
 
 #: Every step class by its tag: what the JSON reader accepts.

@@ -35,7 +35,7 @@ class ComputeAtStep(Step):
         stage = state.checked_stage(self.stage_id)
         target = state.checked_stage(self.target_stage_id)
         state.checked_iter(self.target_stage_id, self.target_iter_id)
-        self._check_placement(state)
+        beside = self._check_placement(state)
         inner = [it.parts for it in target.iters[self.target_iter_id + 1:]]
         if _scope_of(state, stage.block.writes[0].buffer) == "shared":
             # TensorIR sizes a shared buffer for the whole thread block: loops already bound to threads or
@@ -45,7 +45,6 @@ class ComputeAtStep(Step):
         ranges = var_ranges(target.block, inner)
         written = set(stage.block.write_buffers())
         shared = [b for b in target.block.read_buffers() if b in written]
-        beside = _consumers_beside(state, self.stage_id, self.target_stage_id, self.target_iter_id)
         if shared or beside:  # read under the target loop: compute_at, cover what every reader there reads
             buffer = shared[0] if shared else stage.block.writes[0].buffer
             readers = [(target, ranges)] if shared else []
@@ -84,8 +83,9 @@ class ComputeAtStep(Step):
         state.stages[self.stage_id] = replace(stage, iters=tuple(iters), compute_at=AttachKind.ITER,
                                               attach=(self.target_stage_id, self.target_iter_id))
 
-    def _check_placement(self, state: "State") -> None:
-        """The stage must be free to move, and every stage it exchanges data with must be the target."""
+    def _check_placement(self, state: "State") -> list[int]:
+        """The stage must be free to move, and every stage it exchanges data with must be the target or
+        already computed at the target loop (:func:`consumers_beside`); returns the latter."""
         stage = state.stages[self.stage_id]
         if self.stage_id == self.target_stage_id:
             raise StepError(f"stage {self.stage_id} ({stage.name}) cannot be computed at itself")
@@ -94,18 +94,19 @@ class ComputeAtStep(Step):
         if stage.compute_at != AttachKind.ROOT:
             raise StepError(f"stage {self.stage_id} ({stage.name}) is already computed at stage {stage.attach[0]}; "
                             "edit that CA step instead of adding another")
-        beside = _consumers_beside(state, self.stage_id, self.target_stage_id, self.target_iter_id)
+        beside = consumers_beside(state, self.stage_id, self.target_stage_id, self.target_iter_id)
         for role, others in (("consumers", state.consumers(self.stage_id)), ("producers", state.producers(self.stage_id))):
             away = [o for o in others if o != self.target_stage_id and o not in beside]
             if self.target_stage_id in others and away:
                 raise StepError(f"stage {self.stage_id} ({stage.name}) has other {role} ({away}) that would "
                                 f"not be under stage {self.target_stage_id}'s loop")
+        return beside
 
     def primitive(self, state: "State") -> str:
         """``compute_at`` when the stage is read under the target loop, else ``reverse_compute_at``."""
         stage, target = state.stages[self.stage_id], state.stages[self.target_stage_id]
         feeds = set(stage.block.write_buffers()) & set(target.block.read_buffers())
-        beside = _consumers_beside(state, self.stage_id, self.target_stage_id, self.target_iter_id)
+        beside = consumers_beside(state, self.stage_id, self.target_stage_id, self.target_iter_id)
         return "compute_at" if feeds or beside else "reverse_compute_at"
 
     def apply_to_schedule(self, replay: Replay) -> None:
@@ -118,7 +119,7 @@ class ComputeAtStep(Step):
                 f"{names.loop(self.target_stage_id, self.target_iter_id)}, preserve_unit_loops=True)")
 
 
-def _consumers_beside(state: "State", stage_id: int, target_id: int, iter_id: int) -> list[int]:
+def consumers_beside(state: "State", stage_id: int, target_id: int, iter_id: int) -> list[int]:
     """The stage's consumers already computed at loop ``iter_id`` of ``target_id``, when that is every
     consumer but the target itself (else none): the stage may then be computed at that loop too, ahead of
     them, as a layer norm's mean and variance are computed under the row loop of the normalization that
