@@ -59,6 +59,18 @@ def test_flat_task_stops_with_early_stopping():
     assert len(picks) == 6  # one round to set the baseline, two more without gain, for each task
 
 
+def test_a_plateaued_task_yields_its_rounds_to_one_still_improving():
+    # Task 0 is ten times the objective but never improves after its first round; task 1 keeps improving.
+    flat = lambda r: 1.0  # noqa: E731
+    improving = lambda r: 0.1 * 0.95 ** r  # noqa: E731
+    picks = {}
+    for half_life in (None, 128):
+        alloc = Allocator([TaskState(10, 1e9), TaskState(1, 1e9)], stall_half_life=half_life)
+        picks[half_life] = simulate(alloc, [flat, improving], 60).count(1)
+        assert alloc.tasks[0].stalled_trials == alloc.tasks[0].trials - 16
+    assert picks[None] <= 2 and picks[128] >= 10
+
+
 def test_round_robin_cycles():
     alloc = Allocator([TaskState(1, 1e9) for _ in range(3)], strategy="round-robin")
     assert simulate(alloc, [lambda r: 1.0 / r] * 3, 9) == [0, 1, 2, 0, 1, 2, 0, 1, 2]

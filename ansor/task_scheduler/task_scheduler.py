@@ -7,9 +7,14 @@ to its trials is most negative:
     grad_i = w_i * (alpha * backward_i + (1 - alpha) * forward_i)
 
 ``backward_i`` is the latency change over the task's last ``backward_window`` rounds; ``forward_i`` is an
-optimistic guess of the next round's change: the smaller of "latency falls like 1/rounds" and "reaches
-``beta`` times the throughput of the best similar task" (same op tag). A task whose best latency has not
+optimistic guess of the next round's change: the lower of "latency falls like 1/rounds" and "the latency
+at 1/``beta`` of the throughput of the best similar task" (same op tag). A task whose best latency has not
 improved for ``early_stopping`` trials stops receiving rounds.
+
+Unlike Ansor, the gradient of a task that stopped improving halves with every ``stall_half_life`` trials
+since its last gain. The 1/rounds guess never learns that a task has plateaued: in a 10-minute BERT-base
+run the QKV dense task got 586 trials after its last gain (the FFN up-projection 536) while the attention
+products, the layer norm and the softmax got 32-64 trials each, though each gains 19-46 % more at 192.
 
 :class:`Allocator` is the pure decision logic (tested on synthetic latency curves);
 :func:`tune_tasks` drives it with real policies, one shared cost model and a measurer.
@@ -32,6 +37,8 @@ from ..tuning import feed_history, measure_round
 
 logger = logging.getLogger("ansor")
 
+STALL_HALF_LIFE = 128  # trials; see the module docstring
+
 
 @dataclass
 class TaskState:
@@ -47,19 +54,25 @@ class TaskState:
     trials_at_best: int = 0
     dead: bool = False
 
+    @property
+    def stalled_trials(self) -> int:
+        """Trials measured since the task's best latency last fell."""
+        return self.trials - self.trials_at_best
+
 
 class Allocator:
     """Chooses the next task to tune. ``strategy``: "gradient" (Ansor) or "round-robin"."""
 
     def __init__(self, tasks: Sequence[TaskState], strategy: str = "gradient", alpha: float = 0.2,
                  beta: float = 2.0, backward_window: int = 3, early_stopping: Optional[int] = None,
-                 seed: int = 0):
+                 seed: int = 0, stall_half_life: Optional[int] = STALL_HALF_LIFE):
         if strategy not in ("gradient", "round-robin"):
             raise ValueError(f"unknown strategy {strategy!r}; valid: gradient, round-robin")
         self.tasks = list(tasks)
         self.strategy = strategy
         self.alpha, self.beta, self.window = alpha, beta, backward_window
         self.early_stopping = early_stopping
+        self.stall_half_life = stall_half_life
         self.rng = random.Random(seed)
         self._next_rr = 0
 
@@ -75,7 +88,7 @@ class Allocator:
             t.best_cost = best_cost
             t.trials_at_best = t.trials
         t.history.append(t.best_cost)
-        if self.early_stopping is not None and t.trials - t.trials_at_best >= self.early_stopping:
+        if self.early_stopping is not None and t.stalled_trials >= self.early_stopping:
             t.dead = True
             logger.info("task %d stops: no gain in its last %d trials", index, self.early_stopping)
 
@@ -98,7 +111,10 @@ class Allocator:
                 best_flops = max(s.flop_ct / s.best_cost for s in similar)
                 g_next = min(g_next, self.beta * t.flop_ct / best_flops)
             forward = g_next - t.best_cost
-            out.append(t.weight * (self.alpha * backward + (1 - self.alpha) * forward))
+            grad = t.weight * (self.alpha * backward + (1 - self.alpha) * forward)
+            if self.stall_half_life:
+                grad *= 0.5 ** (t.stalled_trials / self.stall_half_life)
+            out.append(grad)
         return out
 
     def next_task(self) -> Optional[int]:
