@@ -61,7 +61,11 @@ class TaskState:
 
 
 class Allocator:
-    """Chooses the next task to tune. ``strategy``: "gradient" (Ansor) or "round-robin"."""
+    """Chooses the next task to tune. ``strategy``: "gradient" (Ansor's) or "round-robin".
+
+    ``stall_half_life``: trials without gain that halve a task's gradient; None keeps Ansor's rule. A run
+    resumed from a log starts every task's count afresh (the log's order of gains is not replayed).
+    """
 
     def __init__(self, tasks: Sequence[TaskState], strategy: str = "gradient", alpha: float = 0.2,
                  beta: float = 2.0, backward_window: int = 3, early_stopping: Optional[int] = None,
