@@ -18,6 +18,13 @@ def test_fma_probe_builds_for_this_cpu_and_measures_work():
     assert nacc in peak.ACCUMULATORS
 
 
+def test_numpy_runs_the_fastest_openblas_kernels_it_found():
+    kernels = peak.openblas_kernels(threads=1)
+    assert kernels == "" or kernels.isidentifier()  # OpenBLAS's own name for them, e.g. "Haswell"
+    assert peak.numpy_gemm_gflops(128, 128, 128, threads=1, seconds=0.05, kernels=kernels) > 0.1
+    assert peak.sgemm_gflops(threads=1, n=128)[1].endswith(f"{kernels or 'its own choice of'} kernels")
+
+
 def test_sgemm_probe_and_summary():
     gflops, note = peak.sgemm_gflops(threads=1, n=256)
     assert gflops > 0.1 and "n=256" in note

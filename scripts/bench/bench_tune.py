@@ -9,7 +9,9 @@ Every contender runs in its own block with a pause in between (TVM's and OpenBLA
 after a call and would steal each other's cores), with TVM_NUM_THREADS = the target's cores. The best
 program of each tuner is re-timed by the same in-process timer (median of 10 repeats of >= 200 ms, runs
 back to back with hot caches, as numpy's loop is timed), so the ratios compare programs, not measurement
-setups; numpy's a @ b is timed the same way (median of 0.2 s repeats, in a process of its own). Both tuners
+setups; numpy's a @ b is timed the same way (median of 0.2 s repeats, in a process of its own), with the
+fastest OpenBLAS kernel family this CPU runs (peak.openblas_kernels; a second row "numpy (env)" when the
+environment's OPENBLAS_CORETYPE pins another, as it pinned AVX2 kernels on a Zen 5 machine). Both tuners
 also time their candidates hot while tuning (MetaSchedule's runner never flushes the cache); --cold-tuning
 times ours as a network runs them, each run after a cache flush of every argument but the first (the
 default of the tuning scripts), which picks programs for cold weights. Also reported: wall time of each
@@ -85,16 +87,25 @@ def time_metaschedule(wkl: str, trials: int, seed: int) -> tuple[float, float, s
     return task.flop_ct / cost / 1e9, wall, "tune_tir, default rules and builder"
 
 
-def time_numpy(wkl: str, threads: int) -> tuple[float, float, str]:
+def time_numpy(wkl: str, threads: int) -> list[Row]:
+    """numpy's a @ b with the fastest OpenBLAS kernels this CPU runs (the "vs numpy" baseline), and as the
+    environment configures OpenBLAS when that differs (e.g. ``OPENBLAS_CORETYPE`` pinned to older kernels)."""
     from ansor.search_task import SearchTask
-    from peak import numpy_gemm_gflops
+    from peak import numpy_gemm_gflops, openblas_kernels
 
     if not wkl.startswith("matmul-"):
-        return float("nan"), 0.0, "no numpy equivalent"
+        return [Row(wkl, 0, "numpy", float("nan"), 0.0, "no numpy equivalent")]
     dag = SearchTask.from_workload(wkl).compute_dag
     (m, k), (_, n) = (dag.buffer_shapes[name] for name in dag.param_names[:2])
-    gflops = numpy_gemm_gflops(m, n, k, threads, seconds=2.0, median=True)
-    return gflops, 0.0, "a @ b, OpenBLAS, in a process of its own, median of 0.2 s repeats"
+    how = "in a process of its own, median of 0.2 s repeats"
+    fastest = openblas_kernels(threads)
+    rows = [Row(wkl, 0, "numpy", numpy_gemm_gflops(m, n, k, threads, seconds=2.0, median=True, kernels=fastest),
+                0.0, f"a @ b, OpenBLAS {fastest or 'default'} kernels (the fastest it has here), {how}")]
+    configured = os.environ.get("OPENBLAS_CORETYPE", "")
+    if configured and configured.lower() != fastest.lower():
+        rows.append(Row(wkl, 0, "numpy (env)", numpy_gemm_gflops(m, n, k, threads, seconds=2.0, median=True),
+                        0.0, f"a @ b, OpenBLAS as the environment sets it (OPENBLAS_CORETYPE={configured}), {how}"))
+    return rows
 
 
 def main() -> int:
@@ -120,8 +131,7 @@ def main() -> int:
 
     rows: list[Row] = []
     for wkl in args.wkl:
-        g, w, note = time_numpy(wkl, threads)
-        rows.append(Row(wkl, 0, "numpy", g, w, note))
+        rows.extend(time_numpy(wkl, threads))
         for trials in args.trials:
             ours = functools.partial(time_ours, cold=args.cold_tuning)
             contenders = [("ansor", ours)] + ([] if args.skip_metaschedule else [("metaschedule",

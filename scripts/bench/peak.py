@@ -14,13 +14,16 @@ Two probes, each run with the benchmark's thread count; the peak is the larger o
    the stack once per iteration. 16 ymm accumulators plus ``x`` and ``y`` need 18 registers where AVX2 has
    16 — that naive probe ran at ~116 GFLOPS on a 2-core Zen 3 whose OpenBLAS sgemm reaches ~148.
 2. **sgemm.** numpy's ``a @ b`` (OpenBLAS) on 2048 x 2048 fp32 matrices, in a fresh process that
-   imports numpy alone (see :func:`numpy_gemm_gflops`), ``OPENBLAS_NUM_THREADS`` = the thread count.
+   imports numpy alone (see :func:`numpy_gemm_gflops`), ``OPENBLAS_NUM_THREADS`` = the thread count,
+   with the fastest OpenBLAS kernel family this CPU runs (see :func:`openblas_kernels`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -146,25 +149,60 @@ print(2 * m * n * k / min(times) / 1e9, 2 * m * n * k / statistics.median(times)
 """
 
 
-def numpy_gemm_gflops(m: int, n: int, k: int, threads: int, seconds: float = 1.0, median: bool = False) -> float:
+#: OpenBLAS kernel families tried besides its own pick (``OPENBLAS_CORETYPE``). The fastest is what "numpy"
+#: means in the tables: on a Zen 5 EPYC whose environment set ``OPENBLAS_CORETYPE=Haswell`` (AVX2 kernels),
+#: numpy's 512^3 sgemm ran 229 GFLOPS on 2 threads, and 406 with "SkylakeX" (AVX-512), 2026-11-25. A family
+#: the CPU cannot run dies in its own process and is skipped; a name this OpenBLAS does not know falls back to
+#: its own detection.
+OPENBLAS_CORETYPES = ("Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids")
+
+
+@functools.lru_cache(maxsize=None)
+def openblas_kernels(threads: int) -> str:
+    """The OpenBLAS kernel family whose 512^3 sgemm is fastest on this CPU with ``threads`` threads, whatever
+    the environment's ``OPENBLAS_CORETYPE`` says; "" if OpenBLAS never named its kernels."""
+    best, kernel = 0.0, ""
+    for coretype in ("", *OPENBLAS_CORETYPES):
+        env = {**os.environ, "OPENBLAS_VERBOSE": "2", "OPENBLAS_CORETYPE": coretype}
+        try:
+            out = _run_gemm(512, 512, 512, threads, 0.3, 0.1, env)
+        except subprocess.CalledProcessError:
+            continue
+        picked = re.search(r"Core: (\w+)", out.stderr)
+        gflops = float(out.stdout.split()[0])
+        if picked and gflops > best:
+            best, kernel = gflops, picked.group(1)
+    return kernel
+
+
+def _run_gemm(m: int, n: int, k: int, threads: int, seconds: float, repeat_s: float,
+              env: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {**env, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    return subprocess.run([sys.executable, "-c", _GEMM_SCRIPT, str(m), str(n), str(k), str(seconds), str(repeat_s)],
+                          env=env, check=True, capture_output=True, text=True)
+
+
+def numpy_gemm_gflops(m: int, n: int, k: int, threads: int, seconds: float = 1.0, median: bool = False,
+                      kernels: str = "") -> float:
     """numpy's fp32 ``(m x k) @ (k x n)`` (OpenBLAS) with ``threads`` threads: the best of ~0.1 s repeats, or
     with ``median`` the median of 0.2 s repeats (the statistic :func:`ansor.apply.time_module` reports).
 
     Timed in a fresh process that imports numpy alone: in a process that imported TVM, ``tvm_ffi`` has
     imported torch when it is installed, and from then on OpenBLAS's 2-thread sgemm ran at 11-15 GFLOPS
     here instead of ~150 (measured: 512^3, the same process, before and after ``import torch``).
+    ``kernels``: an OpenBLAS kernel family (``OPENBLAS_CORETYPE``); "" keeps the environment's choice.
     """
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-    repeat_s = 0.2 if median else 0.1
-    out = subprocess.run([sys.executable, "-c", _GEMM_SCRIPT, str(m), str(n), str(k), str(seconds), str(repeat_s)],
-                         env=env, check=True, capture_output=True, text=True)
+    env = {**os.environ, "OPENBLAS_CORETYPE": kernels} if kernels else dict(os.environ)
+    out = _run_gemm(m, n, k, threads, seconds, 0.2 if median else 0.1, env)
     best, middle = (float(v) for v in out.stdout.split())
     return middle if median else best
 
 
 def sgemm_gflops(threads: int, n: int = 2048) -> tuple[float, str]:
     """numpy's sgemm on ``n x n`` matrices (see :func:`numpy_gemm_gflops`)."""
-    return numpy_gemm_gflops(n, n, n, threads), f"n={n}, {threads} BLAS threads"
+    kernels = openblas_kernels(threads)
+    return (numpy_gemm_gflops(n, n, n, threads, kernels=kernels),
+            f"n={n}, {threads} BLAS threads, {kernels or 'its own choice of'} kernels")
 
 
 def cpu_description() -> str:
