@@ -63,7 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-round", type=int, default=16,
                         help="measurements per scheduler round, all of one task (default 16)")
     parser.add_argument("--strategy", choices=("gradient", "round-robin"), default="gradient",
-                        help="how rounds are given to tasks: Ansor's gradient scheduler (default) or in turn")
+                        help="how rounds are given to tasks: Ansor's gradient scheduler (default; a task's "
+                             "gradient halves every 128 of its trials without gain) or in turn")
     parser.add_argument("--early-stopping", type=int, default=None, metavar="N",
                         help="a task whose best latency has not improved in its last N trials gets no more "
                              "rounds (default: never stop a task)")
