@@ -162,8 +162,9 @@ def openblas_kernels(threads: int) -> str:
     """The OpenBLAS kernel family whose 512^3 sgemm is fastest on this CPU with ``threads`` threads, whatever
     the environment's ``OPENBLAS_CORETYPE`` says; "" if OpenBLAS never named its kernels."""
     best, kernel = 0.0, ""
-    for coretype in ("", *OPENBLAS_CORETYPES):
-        env = {**os.environ, "OPENBLAS_VERBOSE": "2", "OPENBLAS_CORETYPE": coretype}
+    own = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}  # OpenBLAS's own detection
+    for coretype in (None, *OPENBLAS_CORETYPES):
+        env = {**own, "OPENBLAS_VERBOSE": "2", **({"OPENBLAS_CORETYPE": coretype} if coretype else {})}
         try:
             out = _run_gemm(512, 512, 512, threads, 0.3, 0.1, env)
         except subprocess.CalledProcessError:
