@@ -3,7 +3,8 @@
 ``CA`` replays as ``compute_at`` when the target consumes the stage (or every other consumer of the stage
 is already computed at that loop) and as ``reverse_compute_at`` when the target produces what the stage
 reads (TensorIR's way of fusing an epilogue into a tiled producer). Either way the moved stage's loops
-are regenerated, one per block iterator, covering the bounding box TensorIR infers. ``CR`` only asserts that a stage stays at the root: TensorIR cannot detach a computed-at block.
+are regenerated, one per block iterator, covering the bounding box TensorIR infers. ``CR`` only asserts
+that a stage stays at the root: TensorIR cannot detach a computed-at block.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ class ComputeAtStep(Step):
             for c in beside:
                 reader = state.stages[c]
                 readers.append((reader, var_ranges(reader.block, [it.parts for it in reader.iters])))
-            used = [acc for reader, _ in readers for acc in reader.block.reads_of(buffer)]
-            regions = [region_extents(reader.block.reads_of(buffer), spans, state.shapes[buffer])
-                       for reader, spans in readers]
+            reads = [(reader.block.reads_of(buffer), spans) for reader, spans in readers]
+            used = [acc for accs, _ in reads for acc in accs]
+            regions = [region_extents(accs, spans, state.shapes[buffer]) for accs, spans in reads]
             region = [None if any(r[d] is None for r in regions) else max(r[d] for r in regions)
                       for d in range(len(regions[0]))]
             own = stage.block.writes[0]
