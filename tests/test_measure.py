@@ -90,6 +90,10 @@ def test_a_far_slower_candidate_is_timed_by_one_run(local_ray, matmul128):
         assert slow.mean_cost > 5 * min(quick.costs)  # min: a noisy neighbour can slow one of quick's repeats
     with ProgramMeasurer(min_repeat_ms=10, slow_factor=float("inf")) as m:
         assert [len(r.costs) for r in m.measure([fast, naive])] == [3, 3]
+    # Both close enough to be timed after the probe: the faster first, so its full timing sets the bar.
+    with ProgramMeasurer(min_repeat_ms=10, slow_factor=100) as m:
+        assert [len(r.costs) for r in m.measure([naive, fast])] == [3, 3]
+        assert [s.index for s in sorted((s for s in m.spans if s.kind == "run"), key=lambda s: s.start)] == [1, 0]
 
 
 def test_the_measurer_is_made_of_the_builder_and_runner_it_is_given(local_ray, matmul128, matmul_inputs):
