@@ -33,6 +33,9 @@ logger = logging.getLogger("ansor")
 DEFAULT_OBJECT_STORE_BYTES = 256 * 2 ** 20
 #: Name prefix of an embedded instance's temp dir; the tuner's pid follows.
 TEMP_PREFIX = "ansor-ray-"
+#: How long an idle worker beyond Ray's soft limit lives (Ray's default: 1 s). Longer than a batch's run
+#: phase, during which the CPU hold leaves build workers idle; the cost is a worker's memory for 10 s.
+IDLE_WORKER_KEEP_MS = 10_000
 #: Seconds to wait for a cluster given by address to answer before calling it unreachable.
 CONNECT_TIMEOUT_S = 10.0
 
@@ -167,13 +170,16 @@ class RaySession:
         temp_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
         # Ray keeps num_cpus idle workers and kills the rest after a second idle. The run phase's CPU hold
         # needs one more worker, so without headroom nearly every batch lost a build worker and the next
-        # batch's builds waited ~2-3 s for a fresh process to import TVM.
+        # batch's builds waited ~2-3 s for a fresh process to import TVM. Headroom alone still lost one now
+        # and then, so an idle worker is also kept for IDLE_WORKER_KEEP_MS, longer than a run phase.
         soft_limit = (num_cpus or os.cpu_count() or 1) + 2
+        system_config = {"num_workers_soft_limit": soft_limit,
+                         "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS}
         loopback = LoopbackSettings()  # kept until close: workers started later inherit this environment
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                      object_store_memory=object_store_memory, _temp_dir=temp_dir, _node_ip_address=LOOPBACK_IP,
-                     logging_level=logging.ERROR, _system_config={"num_workers_soft_limit": soft_limit})
+                     logging_level=logging.ERROR, _system_config=system_config)
             node_ip = ray.util.get_node_ip_address()
             if not ipaddress.ip_address(node_ip).is_loopback:
                 raise RayUnavailableError(f"the local Ray instance took {node_ip} as its address instead of "
