@@ -170,6 +170,26 @@ def test_attach_follows_split_and_blocks_illegal_moves():
     s.copy().with_steps(s.steps)  # the same steps rebuild the same state
 
 
+def test_a_loop_with_a_stage_computed_inside_it_is_not_vectorized():
+    """TVM 0.27 vectorizes such a loop into wrong values (every such Winograd output transform in five
+    ResNet-50 tunings was WRONG_ANSWER), so neither order of the two steps is accepted."""
+    task = SearchTask.from_workload("matmul-relu-64")
+    s = task.compute_dag.init_state()
+    s.compute_at(0, 1, 1)  # matmul computed under relu's j loop
+    with pytest.raises(StepError, match="cannot vectorize iterator 1 .* is computed inside it"):
+        s.copy().annotate(1, 1, "vectorize")
+    s.split(1, 1, [16])    # j -> j_0 j_1: matmul now sits under j_1
+    assert s.stages[0].attach == (1, 2)
+    with pytest.raises(StepError, match="is computed inside it"):
+        s.copy().annotate(1, 2, "vectorize")
+    ok = task.compute_dag.init_state()
+    ok.annotate(1, 1, "vectorize")
+    with pytest.raises(StepError, match="it is vectorized"):
+        ok.copy().compute_at(0, 1, 1)
+    ok.compute_at(0, 1, 0)  # under i, outside the vectorized loop: fine
+    task.compute_dag.replay(ok, verify=True)
+
+
 def test_a_reduction_is_computed_under_the_loop_of_all_its_consumers():
     """A softmax's max feeds its exponentials' sum and the normalization: once the sum is computed under
     the normalization's row loop, the max can be too (ahead of it), and the whole softmax is one parallel

@@ -106,6 +106,15 @@ class AnnotationStep(Step):
     def apply_to_state(self, state: "State") -> None:
         self.check()
         it = state.checked_iter(self.stage_id, self.iter_id)
+        if self.annotation == "vectorize" and it.extent != 1:
+            inside = [state.stages[c].name for c in state.attached_to(self.stage_id)
+                      if state.stages[c].attach[1] == self.iter_id]
+            if inside:
+                # TVM 0.27 vectorizes such a loop into wrong values: in five ResNet-50 tunings' logs, all 23
+                # WRONG_ANSWER records were such programs (a Winograd output transform computed at its
+                # epilogue's innermost loop), and none of the 15,557 correct ones was.
+                raise StepError(f"cannot vectorize iterator {self.iter_id} ({it.name}) of stage {self.stage_id}: "
+                                f"{', '.join(inside)} is computed inside it")
         state.replace_iter(self.stage_id, self.iter_id, replace(it, annotation=self.annotation))
 
     def apply_to_schedule(self, replay: Replay) -> None:

@@ -35,7 +35,10 @@ class ComputeAtStep(Step):
     def apply_to_state(self, state: "State") -> None:
         stage = state.checked_stage(self.stage_id)
         target = state.checked_stage(self.target_stage_id)
-        state.checked_iter(self.target_stage_id, self.target_iter_id)
+        loop = state.checked_iter(self.target_stage_id, self.target_iter_id)
+        if loop.annotation == "vectorize" and loop.extent != 1:  # see AnnotationStep
+            raise StepError(f"cannot compute stage {self.stage_id} ({stage.name}) at iterator "
+                            f"{self.target_iter_id} of stage {self.target_stage_id}: it is vectorized")
         beside = self._check_placement(state)
         inner = [it.parts for it in target.iters[self.target_iter_id + 1:]]
         if _scope_of(state, stage.block.writes[0].buffer) == "shared":
