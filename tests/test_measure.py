@@ -192,19 +192,24 @@ def test_the_run_phase_cpu_hold_costs_no_worker_process(local_ray):
 
 
 @ray.remote(num_cpus=0)
-def idle_after(seconds: float) -> int:
-    time.sleep(seconds)
+def pid_once_all_started(folder: str, count: int) -> int:
+    """Runs until ``count`` of these tasks run at once, so each has a worker process of its own."""
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.time() + 120
+    while len(os.listdir(folder)) < count and time.time() < deadline:
+        time.sleep(0.05)
     return os.getpid()
 
 
-def test_idle_workers_beyond_the_soft_limit_outlive_a_run_phase(local_ray):
+def test_idle_workers_beyond_the_soft_limit_outlive_a_run_phase(local_ray, tmp_path):
     """Ray's own default kills an idle worker beyond its soft limit (cores + 2 here) after 1 s; the
     embedded Ray keeps it for IDLE_WORKER_KEEP_MS, and then does trim the pool."""
     from ansor.measure.ray_session import IDLE_WORKER_KEEP_MS
 
     soft_limit = int(ray.cluster_resources()["CPU"]) + 2
-    pids = set(ray.get([idle_after.remote(1.0) for _ in range(soft_limit + 3)]))
-    assert len(pids) > soft_limit, "Ray ran the zero-CPU tasks in fewer processes than asked"
+    count = soft_limit + 3
+    pids = set(ray.get([pid_once_all_started.remote(str(tmp_path), count) for _ in range(count)]))
+    assert len(pids) == count, "the tasks did not all run at once"
     time.sleep(3.0)  # a long run phase: three times Ray's default idle threshold
     assert all(psutil.pid_exists(pid) for pid in pids), "an idle worker was killed within 3 s"
     deadline = time.time() + IDLE_WORKER_KEEP_MS / 1000 + 10
