@@ -15,6 +15,7 @@ from importlib import import_module
 from typing import Any
 
 from .errors import AnsorError, RecordError, StepError, TargetError, WorkloadError
+from .version import __version__
 
 _LAZY = {
     "ComputeDAG": ".compute_dag",

@@ -67,6 +67,7 @@ class WorkloadLine:
     key: str
     prim_func: str
     desc: str
+    writer: str = ""  # "ansor X, tvm Y" of the run that wrote it; "" in logs older than the field
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,12 @@ def parse_line(raw: bytes, truncated: bool = False) -> dict:
 
 
 def parse_workload_line(obj: dict) -> WorkloadLine:
-    key, text, desc = obj.get("workload"), obj.get("prim_func"), obj.get("desc", "")
-    if not isinstance(key, str) or not isinstance(text, str) or not isinstance(desc, str):
-        raise CorruptLine("workload line needs string fields workload, prim_func and desc")
-    _check(0 < len(key) <= MAX_KEY_CHARS and len(desc) <= MAX_KEY_CHARS,
-           f"workload key and desc must have 1 to {MAX_KEY_CHARS} characters")
-    return WorkloadLine(key, text, desc)
+    key, text, desc, writer = obj.get("workload"), obj.get("prim_func"), obj.get("desc", ""), obj.get("writer", "")
+    if not all(isinstance(v, str) for v in (key, text, desc, writer)):
+        raise CorruptLine("workload line needs string fields workload, prim_func, desc (and writer, if present)")
+    _check(0 < len(key) <= MAX_KEY_CHARS and len(desc) <= MAX_KEY_CHARS and len(writer) <= MAX_KEY_CHARS,
+           f"workload key, desc and writer must have 1 to {MAX_KEY_CHARS} characters")
+    return WorkloadLine(key, text, desc, writer)
 
 
 def load_prim_func(key: str, text: str) -> tvm.tirx.PrimFunc:

@@ -36,6 +36,7 @@ from .record_parse import (
 from .search_task import SearchTask
 from .target import parse_target, target_to_str
 from .transform_steps import Step, steps_to_json
+from .version import writer
 
 logger = logging.getLogger("ansor")
 
@@ -257,7 +258,7 @@ def save_records(path: PathLike, inputs: Sequence[MeasureInput], results: Sequen
 
 def _workload_line(task: SearchTask) -> str:
     obj = {"workload": task.workload_key, "target": task.target_str, "hw": task.hardware_params.to_json(),
-           "prim_func": tvm.ir.save_json(task.func), "desc": task.desc, "v": RECORD_VERSION}
+           "prim_func": tvm.ir.save_json(task.func), "desc": task.desc, "writer": writer(), "v": RECORD_VERSION}
     return json.dumps(obj) + "\n"
 
 
@@ -420,6 +421,7 @@ def _load_file(f: BinaryIO, path: PathLike, want_key: Optional[str], want_target
     current: dict[str, _Workload] = {}
     waiting: dict[str, list[tuple[int, RecordLine]]] = {}  # records above any usable workload line of their key
     records: list[tuple[int, Record]] = []
+    writers: set[str] = set()
 
     def bind(lineno: int, line: RecordLine, wl: _Workload) -> None:
         try:
@@ -437,6 +439,7 @@ def _load_file(f: BinaryIO, path: PathLike, want_key: Optional[str], want_target
                 wl_line = parse_workload_line(obj)
                 if want_key is not None and wl_line.key != want_key:
                     continue
+                writers.add(wl_line.writer)
                 wl = current[wl_line.key] = _Workload(wl_line.key, cache.func(wl_line, f"{path}:{lineno}"),
                                                       wl_line.desc)
                 for n, line in waiting.pop(wl.key, []):
@@ -457,8 +460,22 @@ def _load_file(f: BinaryIO, path: PathLike, want_key: Optional[str], want_target
         skipped.extend((n, f"no usable workload line for {key!r} in this file") for n, _ in lines)
     for lineno, reason in sorted(skipped):
         logger.warning("%s:%d: skipped corrupt record (%s)", path, lineno, reason)
+    _note_other_writers(path, writers)
     records.sort(key=lambda item: item[0])
     return [rec for _, rec in records]
+
+
+#: (log, writer) pairs already reported by :func:`_note_other_writers`: once per process, not per load.
+_REPORTED_WRITERS: set[tuple[str, str]] = set()
+
+
+def _note_other_writers(path: PathLike, writers: set[str]) -> None:
+    """One note per log written by another ansor or TVM version; its records load all the same."""
+    this = writer()
+    for other in sorted(w for w in writers if w and w != this):
+        if (str(path), other) not in _REPORTED_WRITERS:
+            _REPORTED_WRITERS.add((str(path), other))
+            logger.warning("%s was written by %s (this is %s); its records are read as they are", path, other, this)
 
 
 # ---------------------------------------------------------------------------------------------- distill

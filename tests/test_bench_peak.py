@@ -1,13 +1,10 @@
-"""The machine-peak probe the benchmarks divide by (scripts/bench/peak.py): it must run on any CPU."""
+"""The machine-peak probe the benchmarks divide by (ansor/bench/peak.py): it must run on any CPU."""
 
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
-import peak  # noqa: E402
+from ansor.bench import peak
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None, reason="needs a C compiler")

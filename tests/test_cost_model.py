@@ -354,7 +354,7 @@ def _script_main():
 
 
 @pytest.mark.parametrize("content, needle", [
-    (None, "cannot read log"),
+    (None, "does not exist"),
     ("", "no records in"),
     ("\x00\x01garbage\n{not json\n" * 20, "no records in"),
 ])
@@ -367,6 +367,19 @@ def test_script_bad_log_is_one_line_error_exit_2(tmp_path, capsys, content, need
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and needle in lines[0], err
     assert "Traceback" not in err and not (tmp_path / "m.npz").exists()
+
+
+def test_script_on_a_log_of_failed_measurements_only_is_exit_2(task, tmp_path, capsys):
+    """Records that all failed teach a model nothing: training on them is bad input, and nothing is saved."""
+    log = tmp_path / "failed.json"
+    write_log(log, task, [tiled(task, a, 32, 0) for a in (1, 2, 4, 8)],
+              [MeasureResult((MAX_COST,), ErrorNo.RUNTIME_DEVICE, all_cost=0.1, timestamp=1.7e9)] * 4)
+    assert _script_main()([str(log), "--out", str(tmp_path / "m.npz")]) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == \
+        ["error: no valid record to train on: all 3 records are failed measurements (a model learns from measured "
+         "times; tune first, or give other logs)"], err
+    assert not (tmp_path / "m.npz").exists()
 
 
 def test_script_trains_reports_and_saves(task, synthetic, tmp_path):

@@ -117,7 +117,7 @@ def test_unknown_workload_is_exit_2(cpu_log, tmp_path):
 def test_out_that_is_a_file_is_exit_2(cpu_log, tmp_path):
     out = tmp_path / "file"
     out.write_text("")
-    _one_line_exit_2(run(str(cpu_log), "--out", str(out)), "not a folder")
+    _one_line_exit_2(run(str(cpu_log), "--out", str(out)), "is not a directory")
 
 
 def test_help_explains_every_flag():

@@ -203,12 +203,7 @@ def test_final_report_of_a_cuda_program_without_a_local_gpu_is_a_note(capsys):
     """tune_test.py tuned on a cluster's GPU but ends on a machine without one: no re-timing on CPU tensors."""
     if tvm.cuda().exist:
         pytest.skip("this machine has a GPU: the program is re-timed on it")
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location(
-        "tune_test", Path(__file__).resolve().parents[1] / "scripts" / "tune_test.py")
-    tune_test = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tune_test)
+    from ansor.cli.commands import tune_op as tune_test
     task = cuda_task("matmul-64")
     state = SketchPolicy(task, RandomModel(0), seed=0).next_batch(1)[0]
     assert tune_test.report_best(task, state, 1e-5) == 0

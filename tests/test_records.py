@@ -440,3 +440,26 @@ def test_resume_for_another_target_names_the_targets_the_log_holds(tmp_path, tas
                                f"{task.target_str}, but 3 for {other.target_str}")
         assert note.endswith(f"tune with --target '{other.target_str}'")
     assert other_targets_message(path, other.target) is None  # records of the target asked for: no note
+
+
+def test_a_log_names_its_writer_and_another_writers_log_loads_with_one_note(tmp_path, task, states, caplog):
+    """Workload lines record the ansor and TVM versions; a log of other versions loads, noted once per log."""
+    from ansor.version import writer
+    log = tmp_path / "old.json"
+    write(log, task, states, [ok(1e-3 * (i + 1)) for i in range(len(states))])
+    lines = log.read_text().splitlines()
+    workload = json.loads(lines[0])
+    assert workload["writer"] == writer() and "ansor " in writer() and ", tvm " in writer()
+    workload["writer"] = "ansor 0.0.1, tvm 0.20.0"
+    # The same workload line again, later in the file, as an append by that older version would leave it.
+    log.write_text("\n".join([json.dumps(workload), *lines[1:], json.dumps(workload), *lines[1:]]) + "\n")
+    caplog.set_level(logging.WARNING, logger="ansor")
+    for _ in range(2):
+        assert len(load_records(log)) == 2 * len(states)
+    notes = [m for m in warnings_of(caplog) if "written by" in m]
+    assert notes == [f"{log} was written by ansor 0.0.1, tvm 0.20.0 (this is {writer()}); its records are read "
+                     "as they are"]
+    del workload["writer"]  # logs older than the field: no note, they load as before
+    log.write_text("\n".join([json.dumps(workload), *lines[1:]]) + "\n")
+    caplog.clear()
+    assert len(load_records(log)) == len(states) and not warnings_of(caplog)

@@ -180,11 +180,11 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
 BAD_INPUT = [
     (["--network", "no-such-net"], "valid names: resnet-50, mobilenet-v2"),
     ([], "--network NAME"),
-    (["--onnx", "{tmp}/missing.onnx"], "no such ONNX file"),
+    (["--onnx", "{tmp}/missing.onnx"], "missing.onnx does not exist"),
     (["--onnx", "{tmp}/garbage.onnx"], "not a valid ONNX model"),
-    (["--network", "tiny-cnn", "--n-trials", "0"], "--n-trials must be a positive number"),
-    (["--network", "tiny-cnn", "--n-trials", "-3"], "--n-trials must be a positive number"),
-    (["--network", "tiny-cnn", "--batch-size", "0"], "--batch-size must be a positive number"),
+    (["--network", "tiny-cnn", "--n-trials", "0"], "--n-trials must be an integer from 1"),
+    (["--network", "tiny-cnn", "--n-trials", "-3"], "--n-trials must be an integer from 1"),
+    (["--network", "tiny-cnn", "--batch-size", "0"], "--batch-size must be an integer from 1"),
     (["--network", "tiny-cnn", "--eval-only"], "logs/tiny-cnn-b1.json does not exist"),
     (["--network", "tiny-cnn", "--seed", "-1"], "--seed must be an integer from 0"),
 ]

@@ -7,18 +7,18 @@ import os
 from typing import Optional
 
 from .logs import network_from_log_name
-from .running import check_positive
 
 
 def add_network_args(parser: argparse.ArgumentParser, *, for_logs: bool = False) -> None:
     """``--network``, ``--onnx`` and ``--batch-size``."""
     infer = " (default: read from the log's file name <network>-b<batch>.json)" if for_logs else ""
-    parser.add_argument("--network", default=None, metavar="NAME",
+    from .arguments import BATCH, ExistingFile, Text
+    parser.add_argument("--network", default=None, metavar="NAME", type=Text("a network name", "resnet-50"),
                         help="built-in network: resnet-50, mobilenet-v2, resnet3d-18, bert, dcgan, tiny-cnn "
                              f"(an unknown name lists them){infer}")
-    parser.add_argument("--onnx", default=None, metavar="FILE",
+    parser.add_argument("--onnx", default=None, metavar="FILE", type=ExistingFile("an ONNX file", "model.onnx"),
                         help="an ONNX model file instead of a built-in network (needs the onnx package)")
-    parser.add_argument("--batch-size", type=int, default=None, metavar="B",
+    parser.add_argument("--batch-size", type=BATCH, default=None, metavar="B",
                         help="batch size (default 1; for --onnx: the model's own, symbolic dimensions "
                              f"taken as 1){infer}")
 
@@ -28,7 +28,6 @@ def load_network(name: Optional[str], onnx_path: Optional[str], batch_size: Opti
     from ..networks import NetworkError, get_network, load_onnx, network_names
     if name and onnx_path:
         raise NetworkError("give either --network or --onnx, not both")
-    check_positive("--batch-size", batch_size, "1")
     if onnx_path:
         net = load_onnx(onnx_path)
         if batch_size is not None and net.inputs and net.inputs[0].shape and net.batch_size != batch_size:

@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Callable, Optional, Sequence
 
-from .running import OpenLog, check_positive, check_seed, run_main
+from .arguments import MEMORY_GIB, ray_address_type
+from .running import OpenLog, run_main
 
 
 def run_tuning_main(run: Callable[[argparse.Namespace, OpenLog], int], args: argparse.Namespace) -> int:
-    """:func:`~ansor.cli.running.run_main` for a script that tunes into a log: the flags every tuning script
-    has are checked first, and ``run`` sets ``log.path`` while it appends, so Ctrl-C can name the log."""
+    """:func:`~ansor.cli.running.run_main` for a command that tunes into a log: ``run`` sets ``log.path``
+    while it appends, so Ctrl-C can name the log. Its flags were checked by their types while parsing."""
     log = OpenLog()
-
-    def checked(a: argparse.Namespace) -> int:
-        check_tuning_flags(a)
-        return run(a, log)
-
-    return run_main(checked, args, log)
-
-
-def check_tuning_flags(args: argparse.Namespace) -> None:
-    """One-line errors for the flags every tuning script has: budget, round size, memory cap, seed."""
-    check_positive("--n-trials", args.n_trials, "64")
-    check_positive("--per-round", args.per_round, "16")
-    check_positive("--build-memory-gib", args.build_memory_gib, "8")
-    check_seed(args.seed)
+    return run_main(lambda a: run(a, log), args, log)
 
 
 def tuning_options(args: argparse.Namespace, callbacks: Sequence = ()):
@@ -56,7 +43,7 @@ def open_database(path: Optional[str]):
 
 def add_ray_address_arg(parser: argparse.ArgumentParser) -> None:
     """``--ray-address`` of the tuning scripts."""
-    parser.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"),
+    parser.add_argument("--ray-address", default=None, type=ray_address_type,
                         help="join this Ray cluster instead of starting a local one (default: $RAY_ADDRESS, "
                              "else a local Ray listening on 127.0.0.1 only). Joining trusts the cluster: "
                              "candidates and their inputs go to its nodes, and anyone who can reach its ports "
@@ -65,6 +52,6 @@ def add_ray_address_arg(parser: argparse.ArgumentParser) -> None:
 
 def add_build_memory_arg(parser: argparse.ArgumentParser) -> None:
     """``--build-memory-gib`` of the tuning scripts."""
-    parser.add_argument("--build-memory-gib", type=float, default=None, metavar="G",
+    parser.add_argument("--build-memory-gib", type=MEMORY_GIB, default=None, metavar="G",
                         help="memory cap of each build worker in GiB; a build that needs more fails "
                              "(default: 3/4 of a node's memory / its CPUs, at least 2)")

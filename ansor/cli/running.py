@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import Callable, Optional
 
 from ..errors import AnsorError, short_message
+from .arguments import EXIT_BAD_INPUT, check_environment
 
 #: Exit statuses of every script.
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
 def setup_logging(verbose: bool) -> None:
@@ -39,10 +39,11 @@ class OpenLog:
 
 def run_main(run: Callable[[argparse.Namespace], int], args: argparse.Namespace,
              log: Optional[OpenLog] = None) -> int:
-    """Set up logging (``args.verbose``), then call ``run(args)``: bad input (:class:`AnsorError`) ->
+    """Set up logging (``args.verbose``), check the environment, then call ``run(args)``: bad input (:class:`AnsorError`) ->
     ``error: ...`` and 2, Ctrl-C -> 130 (naming ``log``'s file if one is open)."""
     setup_logging(getattr(args, "verbose", False))
     try:
+        check_environment()
         return run(args)
     except AnsorError as err:
         print(f"error: {short_message(err, None, pick='joined')}", file=sys.stderr)
@@ -50,19 +51,3 @@ def run_main(run: Callable[[argparse.Namespace], int], args: argparse.Namespace,
     except KeyboardInterrupt:
         print(f"\n{log.interrupted() if log else 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-def check_positive(flag: str, value: Optional[float], example: str) -> None:
-    """Raise a one-line :class:`AnsorError` unless ``value`` (when given) is positive."""
-    if value is not None and not (value > 0 and math.isfinite(value)):
-        raise AnsorError(f"{flag} must be a positive number, got {value} (example: {flag} {example})")
-
-
-#: Seeds go to Python's and NumPy's generators and to XGBoost, whose seed is a 32-bit integer.
-MAX_SEED = 2 ** 31 - 1
-
-
-def check_seed(seed: int) -> None:
-    """Raise a one-line :class:`AnsorError` unless ``--seed`` is in 0..MAX_SEED."""
-    if not 0 <= seed <= MAX_SEED:
-        raise AnsorError(f"--seed must be an integer from 0 to {MAX_SEED}, got {seed} (example: --seed 0)")

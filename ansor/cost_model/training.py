@@ -160,13 +160,17 @@ def train_from_logs(paths: Union[PathLike, Sequence[PathLike]], *, target: Targe
     Raises
     ------
     RecordError
-        If a log is missing, unreadable or has no usable record.
+        If a log is missing, unreadable or has no usable record, or the training split has no successful
+        measurement.
     """
     records = load_training_records(paths, target, workloads)
     train, test = split_by_program(records, test_fraction, seed)
     train_in, train_res = to_measure_pairs(train)
     if not train_in:
         raise RecordError("no usable records to train on")
+    if not any(res.ok for res in train_res):
+        raise RecordError(f"no valid record to train on: all {len(train_in)} records are failed measurements "
+                          "(a model learns from measured times; tune first, or give other logs)")
     model = XGBModel(params, min_train_programs=1, max_programs_per_task=max_programs_per_task, seed=seed,
                      features=features)
     model.update(train_in, train_res)

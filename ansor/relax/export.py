@@ -27,6 +27,7 @@ import tvm
 from ..networks.network import Network, NetworkError, TensorSpec
 from ..search_task import TargetLike
 from ..target import is_gpu, parse_target, target_to_str
+from ..version import __version__
 
 logger = logging.getLogger("ansor")
 
@@ -120,6 +121,7 @@ def write(executable: tvm.runtime.Executable, directory: Union[str, os.PathLike]
             "weights": [_spec_json(s) for s in signature.weights],
             "params_file": params_file,
             "tvm_version": tvm.__version__,
+            "ansor_version": __version__,
         }
         (out / "model.json").write_text(json.dumps(meta, indent=1) + "\n")
         (out / "README.md").write_text(readme(meta))

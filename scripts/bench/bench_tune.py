@@ -91,7 +91,7 @@ def time_numpy(wkl: str, threads: int) -> list[Row]:
     """numpy's a @ b with the fastest OpenBLAS kernels this CPU runs (the "vs numpy" baseline), and as the
     environment configures OpenBLAS when that differs (e.g. ``OPENBLAS_CORETYPE`` pinned to older kernels)."""
     from ansor.search_task import SearchTask
-    from peak import numpy_gemm_gflops, openblas_kernels
+    from ansor.bench.peak import numpy_gemm_gflops, openblas_kernels
 
     if not wkl.startswith("matmul-"):
         return [Row(wkl, 0, "numpy", float("nan"), 0.0, "no numpy equivalent")]
@@ -122,7 +122,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from ansor.target import host_target
-    from peak import cpu_description, measure_peak
+    from ansor.bench.peak import cpu_description, measure_peak
     target = host_target()
     threads = int(target.attrs["num-cores"])
     os.environ["TVM_NUM_THREADS"] = str(threads)

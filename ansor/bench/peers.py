@@ -99,7 +99,7 @@ def openvino_default_precision() -> Optional[str]:
 
 def torch_peer(network: str, batch_size: int, threads: int, repeat: int) -> PeerResult:
     """PyTorch eager on the model definition the ONNX file was exported from (built-in networks only)."""
-    from ansor.networks.torch_baseline import TorchUnavailableError, time_torch, torch_available
+    from ..networks.torch_baseline import TorchUnavailableError, time_torch, torch_available
     if not torch_available():
         return PeerResult("PyTorch eager", missing="pip install -e '.[torch]'")
     try:

@@ -1,0 +1,9 @@
+"""Benchmarks a user runs as ``ansor bench``: ansor against the CPU runtimes, figures written as markdown.
+
+* :mod:`.network`: a network tuned by ansor vs ONNX Runtime, OpenVINO and PyTorch, on one ONNX file;
+* :mod:`.network_report`: what it measured, printed and written into docs/benchmarks.md;
+* :mod:`.peers`: the runtimes; :mod:`.peak`: the machine's measured fp32 ceiling; :mod:`.docs`: the
+  generated markdown sections.
+
+The micro-benchmarks of the library's parts stay under ``scripts/bench/``.
+"""

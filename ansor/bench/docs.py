@@ -1,0 +1,78 @@
+"""Benchmark figures written into the repository's markdown by the benchmarks themselves, never by hand.
+
+A generated section sits between two HTML comments that name it, ``<!-- generated: KEY -->`` and
+``<!-- end: KEY -->``; writing a section replaces the one with the same key, or appends it. Keys combine the
+benchmark and the CPU kind, so ``docs/benchmarks.md`` keeps the latest figures of each machine kind while
+the history stays in git. Each section opens with its provenance: date, CPU, versions, the command.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Sequence
+
+#: Packages whose versions every section records (missing ones are left out).
+VERSIONED = ("ansor", "apache-tvm", "onnxruntime", "openvino", "torch", "numpy")
+
+HEADER = """# Benchmark figures
+
+Written by the benchmark scripts (`ansor bench --write-docs .`), one section per benchmark and CPU kind; a
+rerun on the same kind of CPU replaces its section. Figures belong to the CPU they were measured on: compare
+ratios within one section (one run), not across sections. Older figures are in this file's git history.
+"""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where and how figures were measured."""
+
+    date: str
+    cpu: str
+    versions: str
+    command: str
+
+    @staticmethod
+    def here(cpu: str, argv: Sequence[str] | None = None) -> "Provenance":
+        versions = [f"Python {platform.python_version()}"]
+        for name in VERSIONED:
+            try:
+                versions.append(f"{name} {metadata.version(name)}")
+            except metadata.PackageNotFoundError:
+                continue
+        command = shlex.join(["ansor", "bench", *(sys.argv[1:] if argv is None else argv)])
+        return Provenance(datetime.date.today().isoformat(), cpu, ", ".join(versions), command)
+
+    def markdown(self) -> str:
+        return f"- date: {self.date}\n- {self.cpu}\n- versions: {self.versions}\n- command: `{self.command}`\n"
+
+
+def section_key(benchmark: str, cpu: str) -> str:
+    """A stable key of one benchmark on one kind of CPU (the model name, without spaces)."""
+    kind = re.sub(r"[^A-Za-z0-9]+", "-", cpu.removeprefix("CPU: ").split(" (")[0]).strip("-").lower()
+    return f"{benchmark}:{kind or 'cpu'}"
+
+
+def write_section(path: Path, key: str, body: str, header: str = HEADER) -> None:
+    """Replace (or append) the generated section ``key`` of the markdown file at ``path``."""
+    begin, end = f"<!-- generated: {key} -->", f"<!-- end: {key} -->"
+    text = path.read_text() if path.exists() else header
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text, count=1) if pattern.search(text) else f"{text.rstrip()}\n\n{block}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text if text.endswith("\n") else text + "\n")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
+    """A GitHub markdown table; ``align``: one of ``<>`` per column (default left)."""
+    marks = [("---:" if a == ">" else "---") for a in (align or "<" * len(header))]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(marks) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""What ``ansor bench`` measured for each model, printed as a report and written as markdown."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from .docs import Provenance, markdown_table, section_key, write_section
+from .peers import PeerResult
+
+OURS = "ansor, tuned"  # the tuned build's row among the in-turn timings
+
+
+@dataclass
+class ModelReport:
+    """Everything measured for one model."""
+
+    name: str
+    tuning_s: float = float("nan")
+    trials: int = 0
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (minutes, ms)
+    tuned_ms: float = float("nan")
+    default_ms: float = float("nan")
+    peers: list[PeerResult] = field(default_factory=list)
+    breakdown: list[TaskRow] = field(default_factory=list)
+    outside: list[tuple[str, float]] = field(default_factory=list)  # other functions the VM calls: name, ms
+    profile: Any = None  # ansor.networks.CallProfile of the tuned build
+    error_vs_ort: float = float("nan")
+    rounds: dict[str, list[float]] = field(default_factory=dict)  # alternating timings: name -> ms per round
+    reduced: list[tuple[PeerResult, float]] = field(default_factory=list)  # runtimes not in f32, their error
+
+    def in_turn_ratios(self) -> list[float]:
+        """Each round's ansor / fastest runtime (of that round), from the in-turn timings; [] without peers."""
+        peers = [ms for name, ms in self.rounds.items() if name != OURS]
+        if OURS not in self.rounds or not peers:
+            return []
+        return [a / min(round_ms) for a, round_ms in zip(self.rounds[OURS], zip(*peers))]
+
+    def fastest_f32(self) -> Optional[PeerResult]:
+        """The fastest float32 runtime of the one-after-another timings, if any ran."""
+        f32 = [p for p in self.peers if not p.missing and p.precision == "f32"]
+        return min(f32, key=lambda p: p.median_ms) if f32 else None
+
+    def in_network_over_alone(self) -> float:
+        """The tuned tasks' time in the network over their time alone during tuning."""
+        alone = sum(r.alone_ms for r in self.breakdown)
+        return sum(r.network_ms for r in self.breakdown) / alone if alone else float("nan")
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One tuned task in the tuned build: its calls per inference, the milliseconds they take in the
+    network (timed in place), the same calls timed alone during tuning (weight x best measurement), and
+    the GFLOPS they reach in the network."""
+
+    name: str
+    weight: int
+    network_ms: float
+    alone_ms: float
+    gflops: float
+
+
+def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
+    print(f"\n== {report.name} (batch 1, {threads} threads) ==")
+    rows = [(f"ansor, tuned {report.tuning_s / 60:.1f} min / {report.trials} trials", report.tuned_ms),
+            ("ansor, default build (untuned)", report.default_ms)]
+    rows += [(p.name, p.median_ms) for p in report.peers if not p.missing]
+    print(f"{'':<44}{'median ms':>10}{'ansor / this':>14}")
+    for name, ms in rows:
+        print(f"{name:<44}{ms:>10.2f}{report.tuned_ms / ms:>14.2f}")
+    for p in report.peers:
+        if p.missing:
+            print(f"{p.name:<44}{'missing':>10}  ({p.missing})")
+    fastest = report.fastest_f32()
+    print(f"ansor / fastest float32 runtime: {report.tuned_ms / (fastest.median_ms if fastest else np.nan):.2f}; ansor's output vs ONNX Runtime's: max "
+          f"|difference| {report.error_vs_ort:.2e} of the output's scale")
+    for peer, error in report.reduced:
+        print(f"not in that ratio: {peer.name} computes in {peer.precision}, its output vs ONNX Runtime's: max "
+              f"|difference| {error:.2e} of the output's scale")
+    if report.rounds:
+        print(f"timed in turn, {len(report.rounds[OURS])} rounds (ms per round; median):")
+        for name, ms in report.rounds.items():
+            print(f"  {name:<42}{' '.join(f'{m:7.2f}' for m in ms)}   median {np.median(ms):.2f}")
+        ratios = report.in_turn_ratios()
+        if ratios:
+            print(f"ansor / fastest float32 runtime, in turn: median of the rounds' ratios {np.median(ratios):.2f} "
+                  f"({' '.join(f'{r:.2f}' for r in ratios)}); faster than every runtime in "
+                  f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds")
+    profile = report.profile
+    print(f"where the tuned build's time goes, each call timed in place ({profile.latency_ms:.2f} ms per "
+          f"inference unprobed):")
+    print(f"{'task':<58}{'x':>4}{'ms':>8}{'share':>7}{'GFLOPS':>8}{'of peak':>8}{'alone ms':>9}")
+    for row in report.breakdown[:15]:
+        print(f"{row.name[:57]:<58}{row.weight:>4}{row.network_ms:>8.2f}{row.network_ms / profile.latency_ms:>7.1%}"
+              f"{row.gflops:>8.1f}{row.gflops / peak_gflops:>8.2f}{row.alone_ms:>9.2f}")
+    rest = report.breakdown[15:]
+    if rest:
+        print(f"{f'{len(rest)} more tasks':<58}{'':>4}{sum(r.network_ms for r in rest):>8.2f}"
+              f"{'':>23}{sum(r.alone_ms for r in rest):>9.2f}")
+    in_tasks = sum(r.network_ms for r in report.breakdown)
+    alone = sum(r.alone_ms for r in report.breakdown)
+    kernels = [(n, ms) for n, ms in report.outside if not n.startswith("vm.builtin")]
+    builtins = sum(ms for n, ms in report.outside if n.startswith("vm.builtin"))
+    top = ", ".join(f"{n} {ms:.2f}" for n, ms in kernels[:4])
+    print(f"tuned tasks {in_tasks:.2f} ms in the network ({alone:.2f} ms timed alone during tuning); outside "
+          f"them: {sum(ms for _, ms in kernels):.2f} ms in {len(kernels)} untuned functions ({top}), "
+          f"{builtins:.2f} ms in VM builtins (allocation, shape checks), "
+          f"{profile.latency_ms - in_tasks - sum(ms for _, ms in report.outside):.2f} ms between calls "
+          f"(negative: the probe's own clock reads)")
+
+
+def plot(reports: list[ModelReport], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(reports), figsize=(5 * len(reports), 4), squeeze=False)
+    for ax, report in zip(axes[0], reports):
+        if report.curve:
+            ax.plot(*zip(*report.curve), "o-", label="ansor")
+        for p, style in zip([p for p in report.peers if not p.missing], ("--", ":", "-.")):
+            ax.axhline(p.median_ms, linestyle=style, color="gray", label=p.name)
+        ax.set_title(report.name)
+        ax.set_xlabel("tuning minutes")
+        ax.set_ylabel("latency (ms)")
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(left=0)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"curve: {path}")
+
+
+def write_docs(root: Path, reports: list[ModelReport], provenance: Provenance, args: argparse.Namespace) -> None:
+    """This run's table as this CPU kind's section of ``root/docs/benchmarks.md``, and as the summary of
+    ``root/README.md`` (between its ``generated: network-summary`` markers, when it has them)."""
+    header = ("model", "ansor ms", "fastest f32 runtime", "ansor / fastest, in turn", "rounds won", "default build ms",
+              "tuned vs default", "trials", "in network / alone", "output vs ONNX Runtime")
+    rows, ratios = [], []
+    for r in reports:
+        turn = r.in_turn_ratios()
+        fastest = r.fastest_f32()
+        ratio = float(np.median(turn)) if turn else (r.tuned_ms / fastest.median_ms if fastest else float("nan"))
+        ratios.append(ratio)
+        rows.append((r.name, f"{r.tuned_ms:.2f}", f"{fastest.name} {fastest.median_ms:.2f}" if fastest else "none",
+                     f"**{ratio:.2f}**", f"{sum(x < 1 for x in turn)} of {len(turn)}" if turn else "-",
+                     f"{r.default_ms:.2f}", f"{r.default_ms / r.tuned_ms:.2f}x", str(r.trials),
+                     f"{r.in_network_over_alone():.2f}", f"{r.error_vs_ort:.1e}"))
+    finite = [x for x in ratios if np.isfinite(x)]
+    geomean = float(np.exp(np.mean(np.log(finite)))) if finite else float("nan")
+    table = markdown_table(header, rows, "<>>>>>>>>>")
+    body = (f"## Networks after {args.minutes:g} minutes of tuning each\n\n{provenance.markdown()}\n{table}\n\n"
+            f"Geometric mean of ansor / fastest float32 runtime: **{geomean:.2f}** over {len(finite)} models. "
+            "Each model: batch 1, float32, every contender with this machine's physical cores as threads; "
+            "\"in turn\" is the median of the per-round ratios of the tuned build, ONNX Runtime and OpenVINO "
+            "timed one after another; \"in network / alone\" is the tuned tasks' time inside the network over "
+            "their time alone during tuning.\n")
+    cpu = provenance.cpu
+    write_section(root / "docs" / "benchmarks.md", section_key("network", cpu), body)
+    readme = root / "README.md"
+    if readme.exists() and "<!-- generated: network-summary -->" in readme.read_text():
+        short = markdown_table(("model", "ansor / fastest f32 runtime", "tuned vs default"),
+                               [(row[0], row[3], row[6]) for row in rows], "<>>")
+        write_section(readme, "network-summary",
+                      f"{cpu}, {provenance.date}, `{provenance.command}`:\n\n{short}\n\n"
+                      f"Geometric mean **{geomean:.2f}**. All figures: [docs/benchmarks.md](docs/benchmarks.md).")
+    print(f"wrote {root / 'docs' / 'benchmarks.md'}")

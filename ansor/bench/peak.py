@@ -1,0 +1,262 @@
+"""The machine's fp32 ceiling, measured: the benchmarks' "of peak" columns divide by it.
+
+  python scripts/bench/peak.py                 # threads = this machine's physical cores
+  python scripts/bench/peak.py --threads 1
+
+(``scripts/bench/peak.py`` runs :func:`main` here; the network benchmark, ``ansor bench``, uses the probes.)
+
+Two probes, each run with the benchmark's thread count; the peak is the larger of the two:
+
+1. **FMA loop.** A C loop of independent vector multiply-adds on accumulators that live in registers,
+   compiled by ``gcc -O2 -march=native`` for this CPU. Each thread runs ``acc[i] = acc[i] * x + y`` over
+   ``n`` accumulators; every vector width (16, 32, 64 bytes) and accumulator count below is tried and the
+   fastest kept, so nothing about the ISA is written down here. Why not one fixed count: a multiply-add
+   has a latency of several cycles and a CPU issues one or two per cycle, so too few accumulators leave
+   the units idle; too many do not fit the register file and the compiler spills every accumulator to
+   the stack once per iteration. 16 ymm accumulators plus ``x`` and ``y`` need 18 registers where AVX2 has
+   16 — that naive probe ran at ~116 GFLOPS on a 2-core Zen 3 whose OpenBLAS sgemm reaches ~148.
+2. **sgemm.** numpy's ``a @ b`` (OpenBLAS) on 2048 x 2048 fp32 matrices, in a fresh process that
+   imports numpy alone (see :func:`numpy_gemm_gflops`), ``OPENBLAS_NUM_THREADS`` = the thread count,
+   with the fastest OpenBLAS kernel family this CPU runs (see :func:`openblas_kernels`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Accumulator counts the FMA probe tries (the best depends on FMA latency, issue width and registers).
+ACCUMULATORS = (4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)
+#: Vector widths in bytes (SSE/NEON, AVX, AVX-512); gcc splits a width the CPU lacks into narrower ops.
+VECTOR_BYTES = (16, 32, 64)
+
+_FMA_SOURCE = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+typedef float vf __attribute__((vector_size(VB)));
+static long iters;
+static volatile float seed = 0.999f;
+
+static void *run(void *out) {
+    vf acc[NACC], x, y;
+    for (int l = 0; l < (int)(VB / sizeof(float)); l++) { x[l] = seed; y[l] = 1e-3f * seed; }
+    for (int i = 0; i < NACC; i++) acc[i] = x * (float)i;
+    for (long n = 0; n < iters; n++) {
+#pragma GCC unroll 64
+        for (int i = 0; i < NACC; i++) acc[i] = acc[i] * x + y;
+    }
+    float s = 0;
+    for (int i = 0; i < NACC; i++) s += acc[i][0];
+    *(float *)out = s;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int threads = atoi(argv[1]);
+    iters = atol(argv[2]);
+    pthread_t th[256];
+    float out[256];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int t = 0; t < threads; t++) pthread_create(&th[t], 0, run, &out[t]);
+    for (int t = 0; t < threads; t++) pthread_join(th[t], 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    printf("%.6f\n", (double)threads * iters * NACC * (VB / sizeof(float)) * 2 / s / 1e9);
+    return out[0] == 12345.0f;
+}
+"""
+
+
+@dataclass(frozen=True)
+class Peak:
+    """What the probes measured, in GFLOPS; ``gflops`` is the larger of the two."""
+
+    threads: int
+    fma_gflops: float
+    fma_config: str  # e.g. "12 x 32-byte vectors"
+    sgemm_gflops: float
+    sgemm_note: str
+
+    @property
+    def gflops(self) -> float:
+        return max(self.fma_gflops, self.sgemm_gflops)
+
+    def summary(self) -> str:
+        return (f"peak {self.gflops:.1f} GFLOPS on {self.threads} threads (FMA loop {self.fma_gflops:.1f}, "
+                f"{self.fma_config}; sgemm {self.sgemm_gflops:.1f}, {self.sgemm_note})")
+
+
+def fma_gflops(threads: int, seconds: float = 0.3) -> tuple[float, str]:
+    """Best GFLOPS of the register FMA loop over every width and accumulator count (0 if no gcc).
+
+    Every variant runs briefly; the three fastest run again for ``seconds`` each and the best counts.
+    """
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        return 0.0, "no C compiler"
+    with tempfile.TemporaryDirectory(prefix="ansor-peak-") as tmp:
+        src = Path(tmp, "fma.c")
+        src.write_text(_FMA_SOURCE)
+
+        def rate(exe: Path, iters: int) -> float:
+            out = subprocess.run([str(exe), str(threads), str(iters)], check=True, capture_output=True, text=True)
+            return float(out.stdout)
+
+        quick: list[tuple[float, int, int, Path]] = []
+        for vb in VECTOR_BYTES:
+            for nacc in ACCUMULATORS:
+                exe = Path(tmp, f"fma_{vb}_{nacc}")
+                subprocess.run([cc, "-O2", "-march=native", f"-DVB={vb}", f"-DNACC={nacc}", str(src), "-o",
+                                str(exe), "-lpthread"], check=True, capture_output=True)
+                quick.append((rate(exe, 200_000), vb, nacc, exe))
+        best, config = 0.0, ""
+        for gflops, vb, nacc, exe in sorted(quick, reverse=True)[:3]:
+            iters = max(200_000, int(seconds * gflops * 1e9 / (threads * nacc * vb // 4 * 2)))
+            measured = rate(exe, iters)
+            if measured > best:
+                best, config = measured, f"{nacc} x {vb}-byte vectors"
+    return best, config
+
+
+_GEMM_SCRIPT = """
+import statistics, sys, time
+import numpy as np
+m, n, k = (int(v) for v in sys.argv[1:4])
+seconds, repeat_s = float(sys.argv[4]), float(sys.argv[5])
+rng = np.random.default_rng(0)
+a, b = rng.random((m, k), dtype=np.float32), rng.random((k, n), dtype=np.float32)
+a @ b
+times = []
+end = time.perf_counter() + seconds
+while not times or time.perf_counter() < end:
+    runs, start = 0, time.perf_counter()
+    while time.perf_counter() - start < repeat_s or runs == 0:
+        a @ b
+        runs += 1
+    times.append((time.perf_counter() - start) / runs)
+print(2 * m * n * k / min(times) / 1e9, 2 * m * n * k / statistics.median(times) / 1e9)
+"""
+
+
+#: OpenBLAS kernel families tried besides its own pick (``OPENBLAS_CORETYPE``). The fastest is what "numpy"
+#: means in the tables: on a Zen 5 EPYC whose environment set ``OPENBLAS_CORETYPE=Haswell`` (AVX2 kernels),
+#: numpy's 512^3 sgemm ran 229 GFLOPS on 2 threads, and 406 with "SkylakeX" (AVX-512), 2026-11-25. A family
+#: the CPU cannot run dies in its own process and is skipped; a name this OpenBLAS does not know falls back to
+#: its own detection.
+OPENBLAS_CORETYPES = ("Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids")
+
+
+@functools.lru_cache(maxsize=None)
+def openblas_kernels(threads: int) -> str:
+    """The OpenBLAS kernel family whose 512^3 sgemm is fastest on this CPU with ``threads`` threads, whatever
+    the environment's ``OPENBLAS_CORETYPE`` says; "" if OpenBLAS never named its kernels."""
+    best, kernel = 0.0, ""
+    own = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}  # OpenBLAS's own detection
+    for coretype in (None, *OPENBLAS_CORETYPES):
+        env = {**own, "OPENBLAS_VERBOSE": "2", **({"OPENBLAS_CORETYPE": coretype} if coretype else {})}
+        try:
+            out = _run_gemm(512, 512, 512, threads, 0.3, 0.1, env)
+        except subprocess.CalledProcessError:
+            continue
+        picked = re.search(r"Core: (\w+)", out.stderr)
+        gflops = float(out.stdout.split()[0])
+        if picked and gflops > best:
+            best, kernel = gflops, picked.group(1)
+    return kernel
+
+
+def _run_gemm(m: int, n: int, k: int, threads: int, seconds: float, repeat_s: float,
+              env: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {**env, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    return subprocess.run([sys.executable, "-c", _GEMM_SCRIPT, str(m), str(n), str(k), str(seconds), str(repeat_s)],
+                          env=env, check=True, capture_output=True, text=True)
+
+
+def numpy_gemm_gflops(m: int, n: int, k: int, threads: int, seconds: float = 1.0, median: bool = False,
+                      kernels: str = "") -> float:
+    """numpy's fp32 ``(m x k) @ (k x n)`` (OpenBLAS) with ``threads`` threads: the best of ~0.1 s repeats, or
+    with ``median`` the median of 0.2 s repeats (the statistic :func:`ansor.apply.time_module` reports).
+
+    Timed in a fresh process that imports numpy alone: in a process that imported TVM, ``tvm_ffi`` has
+    imported torch when it is installed, and from then on OpenBLAS's 2-thread sgemm ran at 11-15 GFLOPS
+    here instead of ~150 (measured: 512^3, the same process, before and after ``import torch``).
+    ``kernels``: an OpenBLAS kernel family (``OPENBLAS_CORETYPE``); "" keeps the environment's choice.
+    """
+    env = {**os.environ, "OPENBLAS_CORETYPE": kernels} if kernels else dict(os.environ)
+    out = _run_gemm(m, n, k, threads, seconds, 0.2 if median else 0.1, env)
+    best, middle = (float(v) for v in out.stdout.split())
+    return middle if median else best
+
+
+def sgemm_gflops(threads: int, n: int = 2048) -> tuple[float, str]:
+    """numpy's sgemm on ``n x n`` matrices (see :func:`numpy_gemm_gflops`)."""
+    kernels = openblas_kernels(threads)
+    return (numpy_gemm_gflops(n, n, n, threads, kernels=kernels),
+            f"n={n}, {threads} BLAS threads, {kernels or 'its own choice of'} kernels")
+
+
+def cpu_description() -> str:
+    """``model (LLVM cpu, widest vector ISA, cores)``: what every benchmark table is labelled with."""
+    import platform
+
+    import tvm
+
+    from ..target import host_target, physical_cores
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    target = host_target()
+    isa = next((name for feature, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"),
+                                           ("neon", "NEON"), ("sse2", "SSE2"))
+                if _has_feature(tvm, feature, target)), "scalar")
+    return f"CPU: {model} (LLVM {target.attrs['mcpu']}, {isa}, {physical_cores()} physical cores)"
+
+
+def _has_feature(tvm, feature: str, target) -> bool:
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, target))
+    except Exception:  # an LLVM target of another architecture does not know the feature name
+        return False
+
+
+def measure_peak(threads: int) -> Peak:
+    """Both probes with ``threads`` threads (a few seconds)."""
+    fma, config = fma_gflops(threads)
+    time.sleep(1.0)  # OpenBLAS and the probe threads must not overlap
+    sgemm, note = sgemm_gflops(threads)
+    return Peak(threads, fma, config, sgemm, note)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of both probes (default: this machine's physical cores)")
+    args = parser.parse_args()
+    if args.threads is not None and args.threads < 1:
+        print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+        return 2
+    from ..target import physical_cores
+    threads = args.threads or physical_cores()
+    print(cpu_description())
+    print(measure_peak(threads).summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

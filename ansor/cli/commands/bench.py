@@ -1,0 +1,24 @@
+"""``ansor bench``: the network benchmark (:mod:`ansor.bench.network`) as a command."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "bench"
+SUMMARY = "tune networks and time them against ONNX Runtime and OpenVINO (needs the bench extra)"
+
+
+def description() -> str:
+    from ...bench import network
+    return network.__doc__ or SUMMARY
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ...bench.network import add_arguments as add
+    add(parser)
+
+
+def execute(args: argparse.Namespace) -> int:
+    from ...bench.network import run
+    from ..running import run_main
+    return run_main(run, args)

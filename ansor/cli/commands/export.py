@@ -1,0 +1,78 @@
+"""``ansor export``: a deployable build of a tuned network, from its log, without tuning or timing.
+
+Examples
+--------
+  ansor export logs/model-b1.json --onnx model.onnx --out deploy/model
+  ansor export logs/resnet-50-b1.json --out deploy/r50        # network and batch from the log's name
+
+The network is built with the best schedule of every task the log tuned (default schedules for the rest),
+its outputs are checked against the default build's on random inputs, and it is written to DIR as
+``model.so`` + ``model.json`` + ``README.md`` (+ ``params.bin`` when weights are run-time arguments, as on
+a GPU target; on a CPU they are constants inside ``model.so``). It loads and runs with ``tvm`` alone; the
+README in DIR says how. ``ansor tune ... --export DIR`` does the same at the end of a tuning run.
+Exit status: 0, 1 the tuned build gives wrong outputs (nothing is written), 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "export"
+SUMMARY = "write a tuned network as a deployable model.so, from its tuning log"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..arguments import ExistingFile, OutputDir, Text
+    from ..networks import add_network_args
+
+    parser.add_argument("log", metavar="LOG", type=ExistingFile("a tuning log", "logs/model-b1.json"),
+                        help="the network's tuning log (ansor tune's)")
+    parser.add_argument("--out", required=True, metavar="DIR", type=OutputDir("an export directory", "deploy/model"),
+                        help="where to write model.so, model.json and README.md (created if missing)")
+    add_network_args(parser, for_logs=True)
+    parser.add_argument("--target", default=None, type=Text("a target", "host"),
+                        help="target to build for and whose records to use (default: the target most records "
+                             "of the log were measured for, else 'host')")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log details")
+
+
+def execute(args: argparse.Namespace) -> int:
+    from ..running import run_main
+    return run_main(run, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ...networks import apply_best, apply_history_best, build, compare_outputs, extract
+    from ...relax import check_export_dir, export_network
+    from ..evaluation import tuned_task_count
+    from ..networks import network_for_log
+    from ..running import EXIT_FAILED
+    from ..targets import log_target, parse_target_and_threads
+
+    log = Path(args.log)
+    check_export_dir(args.out)
+    net = network_for_log(args, log)
+    target = parse_target_and_threads(args.target or log_target([log]) or "host")
+    extraction = extract(net, target)
+    tuned = tuned_task_count(extraction.tasks, log, target)
+    if tuned == 0:
+        print(f"warning: {log} has no valid record of any task of {net.name} batch {net.batch_size} for this "
+              "target: the export is the default build (check --network, --batch-size, --target)", file=sys.stderr)
+    print(f"building {net.name} (batch {net.batch_size}) with {tuned} of {len(extraction.tasks)} tasks tuned ...",
+          file=sys.stderr, flush=True)
+    tuned_exe = build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)
+    default_exe = build(apply_best(extraction.mod, extraction.tasks, {}, target=target), target)
+    cmp_ = compare_outputs(extraction.network, tuned_exe, default_exe, target)
+    if not cmp_.ok:
+        print(f"error: the tuned build's output differs from the default build's: max |difference| "
+              f"{cmp_.max_abs_error:.3g} > allowed {cmp_.atol + cmp_.rtol * cmp_.scale:.3g}; a schedule in {log} is "
+              "wrong, nothing was written", file=sys.stderr)
+        return EXIT_FAILED
+    library = export_network(tuned_exe, extraction.network, args.out, target)
+    print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
+          f"{', params.bin' if extraction.network.weights else ''}); output check: tuned == default build "
+          f"(max |difference| {cmp_.max_abs_error:.3g})")
+    return 0

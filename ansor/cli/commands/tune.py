@@ -1,0 +1,225 @@
+"""``ansor tune``: tune a whole network (built-in or an ONNX file) and report end-to-end latency (also
+``scripts/tune_network.py``): extract its tasks, share the trial budget among them.
+
+Examples
+--------
+  ansor tune --onnx model.onnx --minutes 10
+  ansor tune --network resnet-50 --n-trials 2000
+  ansor tune --network resnet-50 --n-trials 4000 --resume     # continue the same log
+  ansor tune --network mobilenet-v2 --batch-size 16 --n-trials 1000
+  ansor tune --network resnet-50 --eval-only                  # apply the log, no tuning
+  ansor tune --network resnet-50 --n-trials 2000 --database db --export deploy/r50
+
+The gradient task scheduler gives each round of --per-round measurements to the task whose improvement
+would lower the estimated total latency most (the sum over tasks of weight x best latency; weight = how
+often the subgraph occurs). A table of the tasks is redrawn after every round on stderr. At the end the
+network is built twice, with the default schedules (parallel + vectorized) and with the best schedule of
+each tuned task; the two builds must give the same outputs, then both are timed.
+
+Every measurement is appended to the log as soon as it finishes; after a crash, kill or Ctrl-C, rerun with
+--resume and nothing measured is measured again. Exit status: 0 done, 1 the tuned build gives wrong
+outputs, 2 bad input (the message says which), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+NAME = "tune"
+SUMMARY = "tune a network (an ONNX file or a built-in one) and time it end to end"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..arguments import MINUTES, PER_ROUND, REPEATS, SEED, TRIALS, ExistingFile, OutputDir, OutputFile, Text
+    from ..networks import add_network_args
+    from ..options import add_build_memory_arg, add_ray_address_arg
+
+    add_network_args(parser)
+    parser.add_argument("--n-trials", type=TRIALS, default=1000,
+                        help="total measurement budget over all tasks, resumed measurements included "
+                             "(default 1000)")
+    parser.add_argument("--minutes", type=MINUTES, default=None, metavar="M",
+                        help="also stop tuning after M minutes of wall time (no new round starts; default: "
+                             "only --n-trials limits it)")
+    parser.add_argument("--target", default="host", type=Text("a target", "host"),
+                        help="'host' (this CPU, physical cores; default), 'llvm', 'llvm -mcpu=znver5 "
+                             "-num-cores=2', or a JSON dict")
+    parser.add_argument("--log-file", default=None, type=OutputFile("a log file path", "logs/net.json"),
+                        help="JSON-lines log to append to (default logs/<network>-b<batch>.json, with "
+                             "--database DIR/<network>-b<batch>.json)")
+    parser.add_argument("--resume", action="store_true",
+                        help="read --log-file first: its measurements count towards --n-trials, train the "
+                             "cost model, and are never measured again")
+    parser.add_argument("--database", default=None, metavar="DIR", type=OutputDir("a directory of logs", "tuning-db"),
+                        help="a directory of logs: a task some log there tuned for this target is done (its "
+                             "best record is used, it gets no trials; with --resume the run's own log is "
+                             "continued instead); the log defaults to DIR/<network>-b<batch>.json, so the "
+                             "database grows with every run")
+    parser.add_argument("--export", default=None, metavar="DIR", type=OutputDir("an export directory", "deploy/model"),
+                        help="write the tuned build to DIR: model.so, model.json, README.md (and params.bin "
+                             "when weights are run-time arguments); it loads and runs with tvm alone")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="no tuning: apply the best schedules of --log-file and report the timing table")
+    parser.add_argument("--per-round", type=PER_ROUND, default=16,
+                        help="measurements per scheduler round, all of one task (default 16)")
+    parser.add_argument("--strategy", choices=("gradient", "round-robin"), default="gradient",
+                        help="how rounds are given to tasks: Ansor's gradient scheduler (default; a task's "
+                             "gradient halves every 128 of its trials without gain) or in turn")
+    parser.add_argument("--early-stopping", type=TRIALS, default=None, metavar="N",
+                        help="a task whose best latency has not improved in its last N trials gets no more "
+                             "rounds (default: never stop a task)")
+    parser.add_argument("--cost-model", choices=("xgb", "random"), default="xgb",
+                        help="cost model that ranks candidates, shared by all tasks (default xgb)")
+    parser.add_argument("--load-model", default=None, metavar="FILE", type=ExistingFile("a saved cost model", "model.npz"),
+                        help="start from a cost model saved by ansor train-model")
+    parser.add_argument("--seed", type=SEED, default=0, help="search and scheduler seed (default 0)")
+    add_ray_address_arg(parser)
+    add_build_memory_arg(parser)
+    parser.add_argument("--repeat", type=REPEATS, default=10,
+                        help="timing repeats (each at least 200 ms) of the final end-to-end measurement "
+                             "(default 10)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log search and measurement details")
+
+
+def execute(args: argparse.Namespace) -> int:
+    from ..options import run_tuning_main
+    return run_tuning_main(run, args)
+
+
+def run(args: argparse.Namespace, log) -> int:
+    from ..logs import check_log_file, log_name
+    from ..networks import load_network
+    from ..options import open_database
+    from ..targets import parse_target_and_threads
+
+    target = parse_target_and_threads(args.target, args.ray_address)  # sets TVM_NUM_THREADS first
+    net = load_network(args.network, args.onnx, args.batch_size)
+    database = open_database(args.database)
+    name = log_name(net.name, net.batch_size)
+    log_file = Path(args.log_file) if args.log_file else (database.path / name if database else Path("logs") / name)
+    check_log_file(log_file, must_exist=args.eval_only and database is None, resume=args.resume)
+    if args.export:
+        from ...relax import check_export_dir
+        check_export_dir(args.export)
+
+    from ...networks import extract
+
+    t0 = time.time()
+    extraction = extract(net, target)
+    print(f"{net.name} (batch {net.batch_size}): {len(extraction.tasks)} tasks, {extraction.total_weight} "
+          f"weighted occurrences, {len(extraction.skipped)} PrimFuncs not tuned (extracted in "
+          f"{time.time() - t0:.1f} s); log: {log_file}", file=sys.stderr)
+    if not extraction.tasks:
+        raise_no_tasks(net)
+
+    from ...progress import TaskTable
+
+    table = TaskTable(extraction.tasks, args.n_trials)
+    logs = [log_file, *(database.logs(exclude=[log_file]) if database else [])]
+    if not args.eval_only:
+        log.path = log_file
+        tune(args, extraction, log_file, database, table)
+        log.path = None
+    else:
+        from ...records import distinct_records, load_records
+        existing = [p for p in logs if p.exists()]
+        table.load(distinct_records(load_records(existing, target=target)) if existing else [])
+    print("\n".join(table.render(final=True)))
+    return report(args, net, extraction, target, [p for p in logs if p.exists()], table)
+
+
+def raise_no_tasks(net) -> None:
+    from ...networks import NetworkError
+    raise NetworkError(f"{net.name} has no task to tune (every PrimFunc is a reshape, a copy, or one "
+                       "ComputeDAG cannot analyse)")
+
+
+def tune(args: argparse.Namespace, extraction, log_file: Path, database, table) -> None:
+    from ..options import tuning_options
+    from ...relax import tune_tasks
+
+    if args.resume and not log_file.exists():
+        print(f"note: {log_file} does not exist yet; starting a fresh log", file=sys.stderr)
+    elif not args.resume and database is None and log_file.exists() and log_file.stat().st_size > 0:
+        print(f"note: appending to the existing {log_file} without reading it (use --resume to continue it)",
+              file=sys.stderr)
+
+    def history(resumed, reused) -> None:
+        table.add_history(resumed, reused)
+        if resumed:
+            print(f"resumed {table.resumed} measurements of {len(resumed)} tasks from {log_file}", file=sys.stderr)
+        if reused:
+            print(f"database {database.path}: {len(reused)} of {len(table.tasks)} tasks already tuned there "
+                  f"({sum(map(len, reused.values()))} records); they get no trials", file=sys.stderr)
+        if table.resumed >= args.n_trials:
+            print(f"note: the log already holds {table.resumed} >= --n-trials {args.n_trials} measurements; "
+                  "nothing to tune", file=sys.stderr)
+        table.start()
+
+    result = tune_tasks(extraction.tasks, log_file, args.n_trials, options=tuning_options(args, [table.measured]),
+                        database=database, strategy=args.strategy, resume=args.resume, on_round=table.round_done,
+                        on_history=history, time_limit=None if args.minutes is None else args.minutes * 60)
+    table.stop()
+    print(f"tuning: {result.total_measured} new trials ({table.resumed} resumed, {table.errors} failed, "
+          f"{len(result.reused)} tasks from the database) in {time.time() - table.t0:.1f} s; log: {log_file}",
+          file=sys.stderr)
+    for note in table.notes():
+        print(note, file=sys.stderr)
+
+
+def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], table) -> int:
+    from ..evaluation import evaluate_network
+    from ..running import EXIT_FAILED
+    from ...tables import timing_table
+
+    where = ", ".join(map(str, logs)) or "the log"
+    if not any(table.trials):
+        print(f"note: {where} has no measurement of this network's tasks: the tuned build is the default "
+              "build", file=sys.stderr)
+    print("building the default and the tuned network ...", file=sys.stderr)
+    ev = evaluate_network(extraction, logs, target, repeat=args.repeat)
+    cmp_ = ev.comparison
+    if not cmp_.ok:
+        print(f"error: the tuned build's output differs from the default build's: max |difference| "
+              f"{cmp_.max_abs_error:.3g} > allowed {cmp_.atol + cmp_.rtol * cmp_.scale:.3g} "
+              f"(output scale {cmp_.scale:.3g}); a schedule in {where} is wrong", file=sys.stderr)
+        return EXIT_FAILED
+    if args.export:
+        from ...relax import export_network
+        library = export_network(ev.tuned_executable, extraction.network, args.export, target)
+        print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
+              f"{', params.bin' if extraction.network.weights else ''})")
+    print(f"Output check: tuned == default build (max |difference| {cmp_.max_abs_error:.3g}, allowed "
+          f"{cmp_.atol + cmp_.rtol * cmp_.scale:.3g})")
+    print(f"Mean inference time (std dev): {ev.tuned.mean_ms:.3f} ms ({ev.tuned.std_ms:.3f} ms)")
+    torch_timing = pytorch_eager(net, target, args.repeat, ev.tuned.num_threads)
+    rows = [("default build", ev.default), ("tuned", ev.tuned)]
+    print(timing_table(rows + ([("pytorch eager", torch_timing)] if torch_timing else [])))
+    print(f"Speedup (mean): {ev.speedup:.2f}x; {ev.tuned_tasks} of {ev.n_tasks} tasks use tuned schedules, "
+          f"the rest default schedules; {ev.tuned.repeats} repeats, {ev.tuned.num_threads} TVM threads")
+    if torch_timing:
+        print(f"Speedup over PyTorch eager (mean): {torch_timing.mean_ms / ev.tuned.mean_ms:.2f}x "
+              f"({torch_timing.num_threads} PyTorch threads)")
+    return 0
+
+
+def pytorch_eager(net, target, repeat: int, tvm_threads: int):
+    """PyTorch eager timing of ``net`` (a :class:`~ansor.networks.Timing`), the baseline of Ansor's tables.
+
+    ``None`` when torch is not installed (it is optional), the network has no PyTorch definition
+    (``tiny-cnn``, ONNX models), or the target is a GPU (PyTorch here runs on the CPU). PyTorch gets the
+    target's core count as its thread count (TVM's thread count if the target names none).
+    """
+    from ...networks.torch_baseline import has_torch_definition, time_torch, torch_available
+    from ...target import is_gpu
+
+    if is_gpu(target) or not has_torch_definition(net) or not torch_available():
+        return None
+    cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else tvm_threads
+    print(f"timing PyTorch eager with {cores} threads ...", file=sys.stderr, flush=True)
+    return time_torch(net.name, net.batch_size, threads=cores, repeat=repeat)
+
