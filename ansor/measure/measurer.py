@@ -230,7 +230,7 @@ class ProgramMeasurer:
             else:
                 done(job, reply)
         # Fastest first: a probe is a program's first call, and a cold first call of a fast program can take
-        # 4x its time (CI, 2026-11-25: 2.0e-4 s for a 5.0e-5 s matmul), letting a 20x slower one through;
+        # 4x its time (2.0e-4 s for a 5.0e-5 s matmul), letting a 20x slower one through;
         # once the fast one is timed in full, the bar asked as the slow one starts spares it again.
         return todo + [job for _, job in sorted(close, key=lambda c: c[0])]
 

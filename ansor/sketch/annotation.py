@@ -40,15 +40,9 @@ P_PACK_INPUT = 0.5
 #: search still sees every tiling.
 P_REGISTER_TILE = 0.5
 REGISTER_TILE_TRIES = 200
-#: How often random annotation inlines a stage that branches (a padding: ``if_then_else`` at the borders)
-#: into its consumer; otherwise root, inline and each consumer loop are equally likely, as in Ansor. Inlined,
-#: the padding costs a test in the consumer's loads instead of a padded copy of the input, which the
-#: depthwise convolutions need most (little arithmetic per element read); as one of 10-15 uniform choices
-#: it was rare, and their tuned programs kept the copy. Measured on AMD EPYC (znver3, AVX2, 2 threads),
-#: each task tuned alone, seed 0, 2026-11-24: MobileNet-V2's 112x112x32 depthwise convolution 0.140 ->
-#: 0.070 ms at 96 trials; at 64 trials its stride-2 56x56x144 one 0.079 -> 0.055, its first (3 -> 32
-#: channel) convolution 0.298 -> 0.220, ResNet-50's 7x7 stem 1.44 -> 1.36 and its stride-2 56x56x128 3x3
-#: layer 1.37 -> 1.29; the 14x14x384 depthwise one 0.051 -> 0.058 and the 112x112x64 max pooling level.
+#: How often random annotation inlines a stage that branches (a padding) into its consumer, rather than as
+#: one of Ansor's 10-15 uniform choices: inlined, a depthwise convolution reads no padded copy of its input
+#: (MobileNet-V2's 112x112x32 one tuned alone: 0.140 -> 0.070 ms at 96 trials, Zen 3; docs/design.md).
 P_INLINE_BRANCH = 0.5
 #: How often random annotation computes a reduction under the loop where all its consumers are computed
 #: (else the root or a consumer loop, uniformly). A reduction cannot be inlined, and at the root it is a
