@@ -116,7 +116,7 @@ def test_a_value_the_types_accept_passes(walk_dir):
 
 BAD_ENVIRONMENT = [("TVM_NUM_THREADS", v) for v in ("", "abc", "0", "-1", "2.5", str(10 ** 8))] + \
                   [("RAY_ADDRESS", v) for v in ("abc", "host:0", "host:99999")] + \
-                  [("ANSOR_HOST_LOCK", v) for v in ("/tmp", "/proc/version/lock")]
+                  [("ANSOR_HOST_LOCK", v) for v in ("/tmp", "/proc/version/lock", "/tmp/no-such-folder/lock")]
 
 
 @pytest.mark.parametrize("command", [c.NAME for c in COMMANDS])

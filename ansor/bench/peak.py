@@ -151,11 +151,9 @@ print(2 * m * n * k / min(times) / 1e9, 2 * m * n * k / statistics.median(times)
 """
 
 
-#: OpenBLAS kernel families tried besides its own pick (``OPENBLAS_CORETYPE``). The fastest is what "numpy"
-#: means in the tables: on a Zen 5 EPYC whose environment set ``OPENBLAS_CORETYPE=Haswell`` (AVX2 kernels),
-#: numpy's 512^3 sgemm ran 229 GFLOPS on 2 threads, and 406 with "SkylakeX" (AVX-512), 2026-11-25. A family
-#: the CPU cannot run dies in its own process and is skipped; a name this OpenBLAS does not know falls back to
-#: its own detection.
+#: OpenBLAS kernel families tried besides its own pick (``OPENBLAS_CORETYPE``); the fastest is "numpy" in the
+#: tables (a Zen 5 EPYC pinned to Haswell ran a 512^3 sgemm at 229 GFLOPS on 2 threads, SkylakeX at 406). A
+#: family the CPU cannot run dies in its own process and is skipped.
 OPENBLAS_CORETYPES = ("Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids")
 
 

@@ -224,8 +224,7 @@ def check_environment(environ: Optional[dict] = None) -> None:
         ray_address(env["RAY_ADDRESS"], "the environment variable RAY_ADDRESS")
     lock = env.get("ANSOR_HOST_LOCK", "")
     if lock:
-        try:
-            OutputFile("a lock file path", "/tmp/ansor-measure.lock")(lock)
-        except argparse.ArgumentTypeError as err:
-            raise AnsorError(f"the environment variable ANSOR_HOST_LOCK={lock!r} is not valid: {err} "
-                             f"({ENVIRONMENT['ANSOR_HOST_LOCK']})")
+        folder = os.path.dirname(os.path.abspath(lock))
+        if os.path.isdir(lock) or not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+            raise AnsorError(f"the environment variable ANSOR_HOST_LOCK={lock!r} is not valid: it must be "
+                             f"{ENVIRONMENT['ANSOR_HOST_LOCK']}")
