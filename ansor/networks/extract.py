@@ -106,6 +106,8 @@ def fuse(mod: tvm.IRModule, target: Union[str, dict, tvm.target.Target, None] = 
     target = parse_target(target)
     try:
         with target:
+            # sort, argsort and topk have no legalization: TVM's build dispatches them to TOPI first
+            mod = relax.backend.DispatchSortScan()(mod)
             fused = relax.get_pipeline("zero")(mod)
         return relax.transform.AttachAttrLayoutFreeBuffers()(fused)
     except Exception as err:  # TVM reports unsupported operators with a long trace

@@ -9,11 +9,12 @@ input shapes these values are constants: this module evaluates them with numpy, 
 basic-level graph optimisation does, and leaves every other node alone.
 
 A node is folded when every input is a constant (an initializer, a ``Constant`` or a folded value) —
-``Shape`` and ``Size`` need only their input's static shape, from ONNX shape inference — its op is one of
-:data:`FOLDERS`, and its output has at most ``max_elements`` elements; it is replaced by ``Constant``
-nodes. Folding repeats until nothing changes (a folded shape lets shape inference find more static
-shapes). Nodes producing graph outputs and nodes with subgraphs stay. The model keeps computing the same
-function for these input shapes.
+``Shape`` and ``Size`` need only their input's static shape, from ONNX shape inference — and its output
+has at most ``max_elements`` elements; it is replaced by ``Constant`` nodes. The ops of :data:`FOLDERS`
+are evaluated here, any other op of the standard domain by ``onnx.reference`` (torchvision's ViT and Swin
+compute shapes with ``Mod``, Swin its attention mask with ``ScatterND``). Folding repeats until nothing
+changes (a folded shape lets shape inference find more static shapes). Nodes producing graph outputs and
+nodes with subgraphs stay. The model keeps computing the same function for these input shapes.
 """
 
 from __future__ import annotations
@@ -181,6 +182,34 @@ FOLDERS: dict[str, Evaluator] = {
 }
 _SHAPE_OPS = ("Shape", "Size")
 
+#: Standard ops never folded by the general evaluator: their outputs are not functions of their inputs.
+_NOT_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                         "Multinomial", "Bernoulli"})
+
+
+def _reference_evaluator(node: Any, opset: int) -> Optional[Evaluator]:
+    """Any other standard op, evaluated by ``onnx.reference`` (numpy) at the model's opset; else ``None``.
+
+    Exporters compute shapes with ops the table above does not list (``Mod`` in torchvision's ViT and
+    Swin, ``ScatterND`` building Swin's shifted-window mask, ...): every op of the standard domain is
+    evaluated once all its inputs are constants.
+    """
+    if node.op_type in _NOT_FOLDED or not node.input or not all(node.output):
+        return None
+    from onnx.reference import ReferenceEvaluator
+    try:
+        evaluator = ReferenceEvaluator(node, opsets={"": opset})
+    except Exception:  # an op onnx.reference does not implement at this opset
+        return None
+    names = list(node.input)
+
+    def run(x: list, _attrs: dict) -> list:
+        try:
+            return evaluator.run(None, {n: v for n, v in zip(names, x) if n and v is not None})
+        except Exception as err:  # the op refuses these values: the node stays for TVM to judge
+            raise _CannotFold(short_message(err, 200)) from None
+    return run
+
 
 class _CannotFold(Exception):
     """This node stays (unsupported attribute form, evaluation error)."""
@@ -200,9 +229,10 @@ def fold_shape_subgraphs(model: Any, input_shapes: Mapping[str, Sequence[int]],
     out.CopyFrom(model)
     report = FoldReport(input_shapes={k: tuple(int(d) for d in v) for k, v in input_shapes.items()})
     _set_input_shapes(out.graph, report.input_shapes)
+    opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), None)
     while True:
         shapes = _static_shapes(out, report.input_shapes)
-        folded = _fold_pass(out.graph, shapes, max_elements, report.folded)
+        folded = _fold_pass(out.graph, shapes, max_elements, report.folded, opset)
         report.passes += 1
         if not folded:
             break
@@ -237,7 +267,8 @@ def _static_shapes(model: Any, input_shapes: Mapping[str, tuple[int, ...]]) -> d
     return shapes
 
 
-def _fold_pass(graph: Any, shapes: Mapping[str, tuple[int, ...]], max_elements: int, counts: Counter) -> int:
+def _fold_pass(graph: Any, shapes: Mapping[str, tuple[int, ...]], max_elements: int, counts: Counter,
+               opset: Optional[int] = None) -> int:
     """Fold what can be folded now; rewrites ``graph`` in place and returns the number of folded nodes.
 
     A folded node becomes ``Constant`` nodes, not initializers: TVM's importer turns initializers into
@@ -267,7 +298,7 @@ def _fold_pass(graph: Any, shapes: Mapping[str, tuple[int, ...]], max_elements: 
             nodes.append(node)
             continue
         try:
-            outputs = _evaluate(node, value, shapes)
+            outputs = _evaluate(node, value, shapes, opset)
         except _CannotFold:
             outputs = None
         if outputs is None or any(o.size > max_elements for o in outputs):
@@ -311,9 +342,12 @@ def _without_dead_constants(nodes: list, keep_outputs: set[str]) -> list:
         nodes = alive
 
 
-def _evaluate(node: Any, value: Callable[[str], Optional[np.ndarray]],
-              shapes: Mapping[str, tuple[int, ...]]) -> Optional[list[np.ndarray]]:
-    """The node's outputs if it can be folded now, else ``None``."""
+def _evaluate(node: Any, value: Callable[[str], Optional[np.ndarray]], shapes: Mapping[str, tuple[int, ...]],
+              opset: Optional[int] = None) -> Optional[list[np.ndarray]]:
+    """The node's outputs if it can be folded now, else ``None``.
+
+    ``opset`` is the model's standard-domain opset; without it only the ops of :data:`FOLDERS` fold.
+    """
     from onnx import helper
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if node.domain not in ("", "ai.onnx"):
@@ -330,7 +364,7 @@ def _evaluate(node: Any, value: Callable[[str], Optional[np.ndarray]],
         start, end = attrs.get("start", 0), attrs.get("end")
         return [np.array(shape[start:end], dtype=np.int64)]
     fn = FOLDERS.get(node.op_type)
-    if fn is None:
+    if fn is None and opset is None:
         return None
     inputs = []
     for name in node.input:
@@ -343,6 +377,10 @@ def _evaluate(node: Any, value: Callable[[str], Optional[np.ndarray]],
         inputs.append(v)
     while inputs and inputs[-1] is None:
         inputs.pop()
+    if fn is None:  # every input is constant now: worth building the general evaluator
+        fn = _reference_evaluator(node, opset)
+        if fn is None:
+            return None
     try:
         return [np.asarray(o) for o in fn(inputs, attrs)]
     except (KeyError, ValueError, TypeError, IndexError) as err:
