@@ -46,7 +46,10 @@ class Provenance:
                 versions.append(f"{name} {metadata.version(name)}")
             except metadata.PackageNotFoundError:
                 continue
-        command = shlex.join(["ansor", "bench", *(sys.argv[1:] if argv is None else argv)])
+        flags = list(sys.argv[1:] if argv is None else argv)
+        if flags[:1] == ["bench"]:  # run as `ansor bench ...`, not as scripts/bench/bench_network.py
+            flags = flags[1:]
+        command = shlex.join(["ansor", "bench", *flags])
         return Provenance(datetime.date.today().isoformat(), cpu, ", ".join(versions), command)
 
     def markdown(self) -> str:
