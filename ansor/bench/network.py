@@ -7,6 +7,7 @@ run (also ``scripts/bench/bench_network.py``).
   ansor bench --models resnet-50 --log logs/resnet-50.json   # no tuning: use a log
   ansor bench --models resnet-50 --metaschedule    # also MetaSchedule, same trials
   ansor bench --write-docs .                       # also write the figures into ./docs/benchmarks.md
+  ansor bench --zoo --work-dir zoo-work            # the model zoo (22 models, hours; a rerun resumes)
 
 For each model:
 
@@ -31,6 +32,12 @@ fraction of the machine's measured peak, see ``peak.py``, and the same task's ti
 and the time spent outside the tuned tasks (untuned functions, VM builtins), then the in-turn timings of
 every round, their medians and in how many rounds ansor beat every runtime; ``--plot`` draws latency
 against tuning minutes with the runtimes as horizontal lines (needs matplotlib).
+
+``--zoo``: the models of ``ansor/bench/zoo.py`` (torchvision and Hugging Face transformers, exported from
+their libraries; the ``zoo`` extra) the same way, without the tuning curve and PyTorch eager, then one table
+of them all: does each import, build and match ONNX Runtime's outputs, and how fast does it run. Its work dir
+keeps an ONNX file, a log and a status file per model: a rerun tunes only what is not tuned yet
+(``ansor/bench/zoo_bench.py``).
 """
 
 from __future__ import annotations
@@ -48,14 +55,26 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import AnsorError, short_message
 from .docs import Provenance
 from .network_report import OURS, ModelReport, TaskRow, plot, print_report, write_docs
 from .peak import cpu_description, measure_peak
-from .peers import (PeerResult, max_difference, onnxruntime_peer, openvino_default_precision, openvino_peer,
-                   torch_peer)
+from .peers import (PeerResult, compare_all, max_difference, onnxruntime_peer, openvino_default_precision,
+                    openvino_peer, torch_peer)
 
 MODELS = ("resnet-50", "mobilenet-v2", "bert")
 CHECKPOINTS = (1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60)
+
+
+class TuningFailed(AnsorError):
+    """The ``ansor tune`` subprocess failed: a failed run (exit status 1), not bad input. The message is one
+    line (the end of its stderr); ``detail`` keeps the tail of its stderr for the command to print."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 def tune(onnx: Path, log: Path, minutes: float, n_trials: int) -> tuple[float, int]:
@@ -64,11 +83,12 @@ def tune(onnx: Path, log: Path, minutes: float, n_trials: int) -> tuple[float, i
            "--n-trials", str(n_trials), "--log-file", str(log), "--repeat", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"ansor tune failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise TuningFailed(f"ansor tune failed ({proc.returncode}): {short_message(proc.stderr, pick='last')}",
+                           proc.stderr[-3000:])
     found = re.search(r"^tuning: (\d+) new trials .* in (\d+\.\d+) s", proc.stderr, re.M)
     if found is None:
-        raise SystemExit(f"ansor tune did not print its 'tuning: N new trials ... in S s' line:\n"
-                         f"{proc.stderr[-3000:]}")
+        raise TuningFailed("ansor tune did not print its 'tuning: N new trials ... in S s' line",
+                           proc.stderr[-3000:])
     return float(found.group(2)), int(found.group(1))
 
 
@@ -102,14 +122,15 @@ def records_until(log: Path, deadline: float, out: Path) -> int:
 
 
 def evaluate(report: ModelReport, extraction, log: Path, start: float, target, repeat: int, pause: float,
-             work: Path) -> tuple[Any, list]:
+             work: Path, checkpoints: tuple[float, ...] = CHECKPOINTS, default: Any = None) -> tuple[Any, list]:
     """Time the builds along the tuning curve (minutes since the tuning command started, up to its last
-    measurement), the final tuned build and the default build; returns the tuned build and its outputs."""
+    measurement; none without ``checkpoints``), the final tuned build and the default build (``default``,
+    when already built); returns the tuned build and its outputs."""
     from ..networks import apply_best, apply_history_best, build, profile_calls, run, time_network
     from ..records import load_records
     net = extraction.network
     minutes = (max((r.result.timestamp for r in load_records(log)), default=start) - start) / 60
-    for m in [c for c in CHECKPOINTS if c < minutes] + [minutes]:
+    for m in [c for c in checkpoints if c < minutes] + ([minutes] if checkpoints else []):
         partial = work / f"{report.name}-{m}min.json"
         if records_until(log, start + m * 60, partial) == 0:
             continue
@@ -122,7 +143,8 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
     report.tuned_ms = time_network(tuned, net, target=target, repeat=repeat).median_ms
     time.sleep(pause)
     report.profile = profile_calls(tuned, net, target=target, repeat=repeat)
-    default = build(apply_best(extraction.mod, extraction.tasks, {}, target=target), target)
+    if default is None:
+        default = build(apply_best(extraction.mod, extraction.tasks, {}, target=target), target)
     time.sleep(pause)
     report.default_ms = time_network(default, net, target=target, repeat=repeat).median_ms
     report.curve.insert(0, (0.0, report.default_ms))  # before any tuning: every task's default schedule
@@ -168,6 +190,7 @@ def breakdown(report: ModelReport, extraction, log: Path, target) -> None:
 
 def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads: int, work: Path,
                 torch_name: str | None) -> ModelReport:
+    """Tune ``onnx`` (or read ``args.log``), then :func:`measure` it."""
     from ..networks import extract, load_onnx
     report = ModelReport(name)
     log = Path(args.log) if args.log else work / f"{name}.json"
@@ -181,9 +204,19 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
         report.trials = len(records)
         start = min((r.result.timestamp for r in records), default=start)
         report.tuning_s = max((r.result.timestamp for r in records), default=start) - start
-    net = load_onnx(onnx)
-    extraction = extract(net, target)
-    tuned, outputs = evaluate(report, extraction, log, start, target, args.repeat, args.pause, work)
+    extraction = extract(load_onnx(onnx), target)
+    return measure(report, onnx, extraction, log, start, args, target, threads, work, torch_name)
+
+
+def measure(report: ModelReport, onnx: Path, extraction, log: Path, start: float, args: argparse.Namespace,
+            target, threads: int, work: Path, torch_name: str | None, checkpoints: tuple[float, ...] = CHECKPOINTS,
+            default: Any = None) -> ModelReport:
+    """Everything after tuning: the builds (:func:`evaluate`), the breakdown, the runtimes, MetaSchedule,
+    the in-turn rounds and the outputs' agreement with ONNX Runtime's."""
+    net = extraction.network
+    name = report.name
+    tuned, outputs = evaluate(report, extraction, log, start, target, args.repeat, args.pause, work, checkpoints,
+                              default)
     breakdown(report, extraction, log, target)
     feed = {spec.name: array for spec, array in zip(net.inputs, net.random_inputs(0))}
     ov_default = openvino_default_precision()
@@ -208,6 +241,7 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
     ort = next((p for p in report.peers if p.outputs is not None and p.name.startswith("ONNX")), None)
     if ort is not None:
         report.error_vs_ort = max_difference(outputs, ort.outputs)
+        report.vs_ort = compare_all(outputs, ort.outputs)
         report.reduced = [(p, max_difference(p.outputs, ort.outputs)) for p in report.peers
                           if p.precision != "f32" and p.outputs is not None]
     return report
@@ -215,9 +249,13 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..cli.arguments import MINUTES, REPEATS, TRIALS, ExistingFile, Number, OutputDir, OutputFile, Text
-    parser.add_argument("--models", nargs="+", default=list(MODELS), metavar="NAME", type=Text("a model name", "bert"),
+    parser.add_argument("--models", nargs="+", default=None, metavar="NAME", type=Text("a model name", "bert"),
                         help="built-in networks, exported from their PyTorch definitions (default: "
-                             f"{' '.join(MODELS)}; needs the torch extra)")
+                             f"{' '.join(MODELS)}; needs the torch extra); with --zoo, the zoo's models "
+                             "(default: all of them)")
+    parser.add_argument("--zoo", action="store_true",
+                        help="benchmark the model zoo (ansor/bench/zoo.py: 22 models of torchvision and Hugging "
+                             "Face transformers; needs the zoo extra); resumable with --work-dir")
     parser.add_argument("--onnx", nargs="+", default=None, metavar="FILE", type=ExistingFile("an ONNX file", "m.onnx"),
                         help="ONNX files instead of --models")
     parser.add_argument("--minutes", type=MINUTES, default=10.0, help="ansor's tuning time per model (default 10)")
@@ -230,7 +268,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, metavar="PNG", type=OutputFile("a PNG file path", "curves.png"),
                         help="draw latency against tuning minutes (needs matplotlib)")
     parser.add_argument("--work-dir", default=None, type=OutputDir("a work directory", "bench-work"),
-                        help="ONNX files and logs (default: a temporary directory)")
+                        help="ONNX files and logs (default: a temporary directory); with --zoo, a rerun with "
+                             "the same directory tunes only the models not tuned yet")
     parser.add_argument("--repeat", type=REPEATS, default=10, help="timing repeats of each build (default 10)")
     parser.add_argument("--pause", type=Number(0, 600, False, "3"), default=3.0,
                         help="seconds between timings (default 3)")
@@ -239,20 +278,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "times (a shared machine's bursts of load then hit all alike; default 5, 0: skip)")
     parser.add_argument("--write-docs", default=None, metavar="ROOT", type=OutputDir("a checkout's root", "."),
                         help="also write the results as markdown into ROOT/docs/benchmarks.md (this CPU kind's "
-                             "section is replaced) and the summary table of ROOT/README.md")
+                             "section is replaced) and the summary table of ROOT/README.md (with --zoo: the "
+                             "zoo's section only)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import AnsorError
-    if args.log and len(args.onnx or args.models) != 1:
-        raise AnsorError("--log evaluates one model: give one --models name or one --onnx file")
-    if not args.onnx:
-        from ..networks.torch_baseline import TORCH_NETWORKS
-        unknown = [m for m in args.models if m not in TORCH_NETWORKS]
-        if unknown:
-            raise AnsorError(f"no PyTorch definition of {', '.join(unknown)} (choose from {', '.join(TORCH_NETWORKS)}), "
-                             "or give ONNX files with --onnx")
+    """The command without ``--zoo`` (that is :func:`.zoo_bench.run_zoo`): built-in networks or ONNX files."""
+    try:
+        return run_networks(args)
+    except TuningFailed as err:
+        print(err.detail, file=sys.stderr)
+        raise
 
+
+@dataclass(frozen=True)
+class Setup:
+    """What every model of one run shares: the host target, its threads, the work dir, the measured peak."""
+
+    target: Any
+    threads: int
+    work: Path
+    peak: Any
+
+
+def setup(args: argparse.Namespace) -> Setup:
+    """The host target, ``TVM_NUM_THREADS`` set to its physical cores before any kernel runs (ONNX Runtime,
+    OpenVINO and PyTorch get as many), the work dir and the machine's peak; prints them."""
     from ..target import host_target
     target = host_target()
     threads = int(target.attrs["num-cores"])
@@ -261,23 +312,37 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     peak = measure_peak(threads)
     print(f"{cpu_description()}\n{peak.summary()}\nwork dir {work}", flush=True)
+    return Setup(target, threads, work, peak)
 
+
+def run_networks(args: argparse.Namespace) -> int:
+    models_given = args.models or list(MODELS)
+    if args.log and len(args.onnx or models_given) != 1:
+        raise AnsorError("--log evaluates one model: give one --models name or one --onnx file")
+    if not args.onnx:
+        from ..networks.torch_baseline import TORCH_NETWORKS
+        unknown = [m for m in models_given if m not in TORCH_NETWORKS]
+        if unknown:
+            raise AnsorError(f"no PyTorch definition of {', '.join(unknown)} (choose from {', '.join(TORCH_NETWORKS)}), "
+                             "or give ONNX files with --onnx")
+
+    at = setup(args)
+    target, threads, work = at.target, at.threads, at.work
     models: list[tuple[str, Path, str | None]] = []  # name, ONNX file, the PyTorch definition it came from
     if args.onnx:
         models = [(Path(f).stem, Path(f), None) for f in args.onnx]
     else:
         from ..networks.torch_baseline import export_onnx
-        for name in args.models:
+        for name in models_given:
             path = work / f"{name}.onnx"
             if not path.exists():
                 export_onnx(name, 1, path)
             models.append((name, path, name))
     reports = [bench_model(name, path, args, target, threads, work, torch_name) for name, path, torch_name in models]
     for report in reports:
-        print_report(report, peak.gflops, threads)
+        print_report(report, at.peak.gflops, threads)
     if args.plot:
         plot(reports, args.plot)
     if args.write_docs:
         write_docs(Path(args.write_docs), reports, Provenance.here(cpu_description()), args)
     return 0
-

@@ -32,6 +32,7 @@ class ModelReport:
     error_vs_ort: float = float("nan")
     rounds: dict[str, list[float]] = field(default_factory=dict)  # alternating timings: name -> ms per round
     reduced: list[tuple[PeerResult, float]] = field(default_factory=list)  # runtimes not in f32, their error
+    vs_ort: Any = None  # every output against ONNX Runtime's: an ansor.networks.OutputComparison, or None
 
     def in_turn_ratios(self) -> list[float]:
         """Each round's ansor / fastest runtime (of that round), from the in-turn timings; [] without peers."""
@@ -134,37 +135,62 @@ def plot(reports: list[ModelReport], path: str) -> None:
     print(f"curve: {path}")
 
 
-def write_docs(root: Path, reports: list[ModelReport], provenance: Provenance, args: argparse.Namespace) -> None:
-    """This run's table as this CPU kind's section of ``root/docs/benchmarks.md``, and as the summary of
-    ``root/README.md`` (between its ``generated: network-summary`` markers, when it has them)."""
-    header = ("model", "ansor ms", "fastest f32 runtime", "ansor / fastest, in turn", "rounds won", "default build ms",
-              "tuned vs default", "trials", "in network / alone", "output vs ONNX Runtime")
-    rows, ratios = [], []
-    for r in reports:
-        turn = r.in_turn_ratios()
-        fastest = r.fastest_f32()
-        ratio = float(np.median(turn)) if turn else (r.tuned_ms / fastest.median_ms if fastest else float("nan"))
-        ratios.append(ratio)
-        rows.append((r.name, f"{r.tuned_ms:.2f}", f"{fastest.name} {fastest.median_ms:.2f}" if fastest else "none",
-                     f"**{ratio:.2f}**", f"{sum(x < 1 for x in turn)} of {len(turn)}" if turn else "-",
-                     f"{r.default_ms:.2f}", f"{r.default_ms / r.tuned_ms:.2f}x", str(r.trials),
-                     f"{r.in_network_over_alone():.2f}", f"{r.error_vs_ort:.1e}"))
+#: The columns every table of tuned models shares (``ansor bench`` and its zoo), after the model's own.
+RESULT_HEADER = ("ansor ms", "fastest f32 runtime", "ansor / fastest, in turn", "rounds won", "default build ms",
+                 "tuned vs default", "trials", "in network / alone")
+RESULT_ALIGN = ">>>>>>>>"
+#: What the tables' columns mean, said once under each.
+RESULT_NOTE = ("Each model: batch 1, float32, every contender with this machine's physical cores as threads; "
+               "\"in turn\" is the median of the per-round ratios of the tuned build, ONNX Runtime and OpenVINO "
+               "timed one after another; \"in network / alone\" is the tuned tasks' time inside the network over "
+               "their time alone during tuning.")
+
+
+def result_cells(r: ModelReport) -> tuple[tuple[str, ...], float]:
+    """One model's cells under :data:`RESULT_HEADER`, and its ratio to the fastest float32 runtime (the in-turn
+    median, else the one-after-another ratio; NaN without a runtime)."""
+    turn = r.in_turn_ratios()
+    fastest = r.fastest_f32()
+    ratio = float(np.median(turn)) if turn else (r.tuned_ms / fastest.median_ms if fastest else float("nan"))
+    cells = (f"{r.tuned_ms:.2f}", f"{fastest.name} {fastest.median_ms:.2f}" if fastest else "none",
+             f"**{ratio:.2f}**", f"{sum(x < 1 for x in turn)} of {len(turn)}" if turn else "-",
+             f"{r.default_ms:.2f}", f"{r.default_ms / r.tuned_ms:.2f}x", str(r.trials),
+             f"{r.in_network_over_alone():.2f}")
+    return cells, ratio
+
+
+def geometric_mean(ratios: list[float]) -> tuple[float, int]:
+    """The geometric mean of the finite ratios (models that ran), and how many there were."""
     finite = [x for x in ratios if np.isfinite(x)]
-    geomean = float(np.exp(np.mean(np.log(finite)))) if finite else float("nan")
-    table = markdown_table(header, rows, "<>>>>>>>>>")
-    body = (f"## Networks after {args.minutes:g} minutes of tuning each\n\n{provenance.markdown()}\n{table}\n\n"
-            f"Geometric mean of ansor / fastest float32 runtime: **{geomean:.2f}** over {len(finite)} models. "
-            "Each model: batch 1, float32, every contender with this machine's physical cores as threads; "
-            "\"in turn\" is the median of the per-round ratios of the tuned build, ONNX Runtime and OpenVINO "
-            "timed one after another; \"in network / alone\" is the tuned tasks' time inside the network over "
-            "their time alone during tuning.\n")
-    cpu = provenance.cpu
-    write_section(root / "docs" / "benchmarks.md", section_key("network", cpu), body)
+    return (float(np.exp(np.mean(np.log(finite)))) if finite else float("nan")), len(finite)
+
+
+def write_summary(root: Path, rows: list[tuple[str, ...]], geomean: float, provenance: Provenance) -> None:
+    """The short table of ``root/README.md`` between its ``generated: network-summary`` markers, when it has
+    them: each row's model, ratio and tuned-vs-default cells (columns 0, 3 and 6 of the network table)."""
     readme = root / "README.md"
     if readme.exists() and "<!-- generated: network-summary -->" in readme.read_text():
         short = markdown_table(("model", "ansor / fastest f32 runtime", "tuned vs default"),
                                [(row[0], row[3], row[6]) for row in rows], "<>>")
         write_section(readme, "network-summary",
-                      f"{cpu}, {provenance.date}, `{provenance.command}`:\n\n{short}\n\n"
+                      f"{provenance.cpu}, {provenance.date}, `{provenance.command}`:\n\n{short}\n\n"
                       f"Geometric mean **{geomean:.2f}**. All figures: [docs/benchmarks.md](docs/benchmarks.md).")
+
+
+def write_docs(root: Path, reports: list[ModelReport], provenance: Provenance, args: argparse.Namespace) -> None:
+    """This run's table as this CPU kind's section of ``root/docs/benchmarks.md``, and as the summary of
+    ``root/README.md`` (between its ``generated: network-summary`` markers, when it has them)."""
+    header = ("model", *RESULT_HEADER, "output vs ONNX Runtime")
+    rows, ratios = [], []
+    for r in reports:
+        cells, ratio = result_cells(r)
+        ratios.append(ratio)
+        rows.append((r.name, *cells, f"{r.error_vs_ort:.1e}"))
+    geomean, count = geometric_mean(ratios)
+    table = markdown_table(header, rows, f"<{RESULT_ALIGN}>")
+    body = (f"## Networks after {args.minutes:g} minutes of tuning each\n\n{provenance.markdown()}\n{table}\n\n"
+            f"Geometric mean of ansor / fastest float32 runtime: **{geomean:.2f}** over {count} models. "
+            f"{RESULT_NOTE}\n")
+    write_section(root / "docs" / "benchmarks.md", section_key("network", provenance.cpu), body)
+    write_summary(root, rows, geomean, provenance)
     print(f"wrote {root / 'docs' / 'benchmarks.md'}")

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..networks import OutputComparison
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,21 @@ def torch_peer(network: str, batch_size: int, threads: int, repeat: int) -> Peer
         return PeerResult("PyTorch eager", missing=str(err))
     import torch
     return PeerResult(f"PyTorch {torch.__version__.split('+')[0]} eager", timing.mean_ms, timing.median_ms)
+
+
+def compare_all(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> Optional["OutputComparison"]:
+    """Every output of two runs compared as :func:`ansor.networks.compare_outputs` compares two builds (the
+    largest absolute difference against ``atol + rtol * scale``, its default tolerances); None when the
+    outputs differ in number or shape."""
+    import inspect
+
+    from ..networks import OutputComparison, compare_outputs
+    if len(got) != len(want) or any(np.shape(g) != np.shape(w) for g, w in zip(got, want)):
+        return None
+    error = max(float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64)))) for g, w in zip(got, want))
+    scale = max(float(np.max(np.abs(w))) for w in want)
+    defaults = inspect.signature(compare_outputs).parameters
+    return OutputComparison(error, scale, defaults["rtol"].default, defaults["atol"].default)
 
 
 def max_difference(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:

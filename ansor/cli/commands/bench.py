@@ -1,4 +1,5 @@
-"""``ansor bench``: the network benchmark (:mod:`ansor.bench.network`) as a command."""
+"""``ansor bench``: the network benchmark (:mod:`ansor.bench.network`) and, with ``--zoo``, the model zoo
+(:mod:`ansor.bench.zoo_bench`) as a command."""
 
 from __future__ import annotations
 
@@ -20,5 +21,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     from ...bench.network import run
+    from ...bench.zoo_bench import run_zoo
     from ..running import run_main
-    return run_main(run, args)
+    return run_main(run_zoo if args.zoo else run, args)

@@ -1,0 +1,225 @@
+"""Running the model zoo (``ansor bench --zoo``): each model of :mod:`.zoo` through the network benchmark,
+one table for all of them, resumable.
+
+The full zoo takes hours (10 minutes of tuning per model, then its builds and timings), longer than a shared
+machine stays quiet or a session lasts, so a run keeps everything in its work dir: per model the ONNX file,
+the tuning log and a small JSON status file (``<name>.status.json``: when tuning started, its seconds and
+trials, or the last failure). A rerun with the same ``--work-dir`` tunes only the models whose tuning has not
+finished and times every model again from its log (timings belong to one run: ratios are only compared
+within it). A tuning killed mid-run is started afresh (its partial log kept aside as
+``<name>.interrupted.json``): a log's records before and after a restart would make no single tuning curve.
+
+A model that cannot be exported, imported, built or tuned gets its row with the one-line error, and the run
+goes on to the next model: the table says what works as much as how fast it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..errors import AnsorError, short_message
+from .docs import Provenance, markdown_table, section_key, write_section
+from .network_report import RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, geometric_mean, result_cells
+from .zoo import ZooModel
+
+logger = logging.getLogger("ansor")
+
+STAGES = ("export", "import", "build", "tune", "evaluate")  # in the order a model goes through them
+
+
+@dataclass
+class ZooStatus:
+    """What earlier runs left for one model in ``<work>/<name>.status.json``."""
+
+    tuned: bool = False  # its tuning finished: the log is complete and is not tuned again
+    start: float = 0.0  # unix time the tuning command started (the origin of the log's timestamps)
+    tuning_s: float = math.nan
+    trials: int = 0
+    error: str = ""  # the last failure, "stage: message"; empty once a run got through
+
+
+def status_path(work: Path, name: str) -> Path:
+    return Path(work) / f"{name}.status.json"
+
+
+def log_path(work: Path, name: str) -> Path:
+    return Path(work) / f"{name}.json"
+
+
+def read_status(work: Path, name: str) -> ZooStatus:
+    """The model's status, or a fresh one when there is none or it cannot be read (then it is tuned again:
+    a damaged status file must not pass an unfinished log off as finished)."""
+    path = status_path(work, name)
+    try:
+        data = json.loads(path.read_text())
+        return ZooStatus(**{k: v for k, v in data.items() if k in ZooStatus.__dataclass_fields__})
+    except FileNotFoundError:
+        return ZooStatus()
+    except (OSError, ValueError, TypeError) as err:
+        logger.warning("%s: unreadable (%s); the model is tuned again", path, short_message(err))
+        return ZooStatus()
+
+
+def write_status(work: Path, name: str, status: ZooStatus) -> None:
+    """Write the status whole or not at all (beside it, then renamed): a kill never leaves half a file."""
+    path = status_path(work, name)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(asdict(status), indent=1) + "\n")
+    os.replace(partial, path)
+
+
+def needs_tuning(work: Path, name: str) -> bool:
+    """Whether the model must be tuned in this run: not unless an earlier run finished tuning it and its
+    log is still there."""
+    return not (read_status(work, name).tuned and log_path(work, name).exists())
+
+
+@dataclass
+class ZooResult:
+    """One model's outcome: its report, or the stage that failed and the one-line error."""
+
+    model: ZooModel
+    report: Optional[ModelReport] = None
+    stage: str = ""
+    error: str = ""
+    resumed: bool = False  # its tuning was done by an earlier run
+    notes: list[str] = field(default_factory=list)
+
+
+def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, threads: int, work: Path,
+                    say: Callable[[str], None] = logger.info) -> ZooResult:
+    """Export, import, build, tune (unless done) and measure one model; a failure at any stage is caught as
+    an :class:`~ansor.errors.AnsorError` and becomes the result's error (and the status file's)."""
+    from .network import measure, tune
+    from .zoo import export
+    status = read_status(work, model.name)
+    result = ZooResult(model)
+    log = log_path(work, model.name)
+    stage = "export"
+    try:
+        onnx = export(model, work)
+        stage = "import"
+        from ..networks import apply_best, build, extract, load_onnx
+        extraction = extract(load_onnx(onnx), target)
+        stage = "build"
+        default = build(apply_best(extraction.mod, extraction.tasks, {}, target=target), target)
+        if needs_tuning(work, model.name):
+            stage = "tune"
+            if log.exists():
+                aside = log.with_name(f"{model.name}.interrupted.json")
+                os.replace(log, aside)
+                say(f"{model.name}: an earlier tuning did not finish; its log is kept as {aside}")
+            say(f"{model.name}: tuning for up to {args.minutes:g} minutes ...")
+            start = time.time()
+            tuning_s, trials = tune(onnx, log, args.minutes, args.n_trials)
+            status = ZooStatus(True, start, tuning_s, trials)
+            write_status(work, model.name, status)
+        else:
+            result.resumed = True
+            say(f"{model.name}: tuned by an earlier run ({status.trials} trials in {status.tuning_s / 60:.1f} "
+                f"min); timing its log {log}")
+        stage = "evaluate"
+        report = ModelReport(model.name, tuning_s=status.tuning_s, trials=status.trials)
+        result.report = measure(report, onnx, extraction, log, status.start, args, target, threads, work, None,
+                                checkpoints=(), default=default)
+        status.error = ""
+    except AnsorError as err:
+        if getattr(err, "detail", ""):  # a failed ansor tune: the tail of its stderr, for whoever looks into it
+            log.with_name(f"{model.name}.tune-stderr.txt").write_text(err.detail)
+        result.stage, result.error = stage, short_message(err)
+        status.error = f"{stage}: {result.error}"
+        say(f"{model.name}: {status.error}")
+    write_status(work, model.name, status)
+    return result
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def matches_ort(report: ModelReport) -> str:
+    """Whether ansor's outputs match ONNX Runtime's within the scaled tolerance, and the error over the scale."""
+    c = report.vs_ort
+    if c is None:
+        return "no ONNX Runtime" if report.fastest_f32() is None else "outputs differ in shape"
+    return f"{'yes' if c.ok else '**no**'} ({c.max_abs_error / max(c.scale, 1e-30):.1e})"
+
+
+def zoo_rows(results: list[ZooResult]) -> tuple[tuple[str, ...], list[tuple[str, ...]], float, int]:
+    """The zoo's table: header, one row per model (a failed one with its error where its first missing
+    figure would be), and the geometric mean of ansor / fastest runtime over the models that ran."""
+    header = ("model", "family", "imports", "builds", "matches ONNX Runtime", *RESULT_HEADER)
+    rows, ratios = [], []
+    blank = ("-",) * len(RESULT_HEADER)
+    for r in results:
+        m, error = r.model, _escape(f"{r.stage} failed: {r.error}")
+        if r.report is not None:
+            cells, ratio = result_cells(r.report)
+            ratios.append(ratio)
+            rows.append((m.name, m.family, "yes", "yes", matches_ort(r.report), *cells))
+        elif r.stage in ("export", "import"):
+            rows.append((m.name, m.family, f"no: {error}", "-", "-", *blank))
+        elif r.stage == "build":
+            rows.append((m.name, m.family, "yes", f"no: {error}", "-", *blank))
+        else:
+            rows.append((m.name, m.family, "yes", "yes", "-", error, *blank[1:]))
+    geomean, count = geometric_mean(ratios)
+    return header, rows, geomean, count
+
+
+def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: float) -> str:
+    """The zoo's section of ``docs/benchmarks.md``: provenance, the table, the geometric mean, the sources."""
+    header, rows, geomean, count = zoo_rows(results)
+    table = markdown_table(header, rows, f"<<<<<{RESULT_ALIGN}")
+    sources = "; ".join(f"{r.model.name}: `{r.model.source}`" for r in results)
+    return (f"## Model zoo after {minutes:g} minutes of tuning each\n\n{provenance.markdown()}\n{table}\n\n"
+            f"Geometric mean of ansor / fastest float32 runtime: **{geomean:.2f}** over the {count} of "
+            f"{len(results)} models that ran. {RESULT_NOTE} \"matches ONNX Runtime\": every output within "
+            f"the tolerance tuned builds are checked with (`ansor.networks.compare_outputs`), in brackets the "
+            f"largest difference over the output's scale. Random weights, batch 1, opset 17; sources: "
+            f"{sources}.\n")
+
+
+def write_zoo_docs(root: Path, results: list[ZooResult], provenance: Provenance, minutes: float) -> Path:
+    """Write the zoo's table as this CPU kind's ``zoo:`` section of ``root/docs/benchmarks.md`` (a rerun
+    replaces it); returns the file."""
+    path = Path(root) / "docs" / "benchmarks.md"
+    write_section(path, section_key("zoo", provenance.cpu), zoo_markdown(results, provenance, minutes))
+    return path
+
+
+def run_zoo(args: argparse.Namespace) -> int:
+    """``ansor bench --zoo``: the command, which prints (a rerun with the same ``--work-dir`` resumes)."""
+    from .network import setup
+    from .network_report import plot, print_report
+    from .peak import cpu_description
+    from .zoo import ZOO, zoo_model
+    if args.onnx or args.log:
+        raise AnsorError("--zoo benchmarks the zoo's models: give them with --models, not --onnx or --log")
+    models = [zoo_model(name) for name in args.models] if args.models else list(ZOO)
+    at = setup(args)
+    if not args.work_dir:
+        print(f"note: no --work-dir; a rerun resumes only with --work-dir {at.work}", flush=True)
+    results = []
+    for i, model in enumerate(models, 1):
+        print(f"[{i}/{len(models)}] {model.name} ({model.family}, {model.source})", flush=True)
+        results.append(bench_zoo_model(model, args, at.target, at.threads, at.work, say=lambda s: print(s, flush=True)))
+        if results[-1].report is not None:
+            print_report(results[-1].report, at.peak.gflops, at.threads)
+    header, rows, geomean, count = zoo_rows(results)
+    print(f"\n== model zoo, {args.minutes:g} minutes of tuning each ==\n{markdown_table(header, rows)}\n"
+          f"geometric mean of ansor / fastest float32 runtime: {geomean:.2f} over {count} of {len(results)} models")
+    if args.plot:
+        plot([r.report for r in results if r.report is not None], args.plot)
+    if args.write_docs:
+        path = write_zoo_docs(Path(args.write_docs), results, Provenance.here(cpu_description()), args.minutes)
+        print(f"wrote {path}")
+    return 0

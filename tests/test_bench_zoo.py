@@ -1,0 +1,137 @@
+"""The model zoo of ``ansor bench --zoo`` (ansor/bench/zoo.py, zoo_bench.py): what it covers, that listing it
+loads no torch, its resume decision, a broken model's row and its markdown section. Nothing here tunes."""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ansor.bench import zoo
+from ansor.errors import AnsorError
+from ansor.bench.docs import Provenance
+from ansor.bench.network_report import OURS, ModelReport, TaskRow
+from ansor.bench.peers import PeerResult
+from ansor.bench.zoo_bench import (ZooResult, ZooStatus, bench_zoo_model, log_path, needs_tuning, read_status,
+                                   status_path, write_status, write_zoo_docs, zoo_rows)
+
+REQUIRED = {zoo.MOBILE_SE, zoo.DEPTHWISE, zoo.GROUPED, zoo.DENSE, zoo.INCEPTION, zoo.CONVNEXT, zoo.VIT,
+            zoo.DETECTOR, zoo.VIDEO, zoo.ENCODER, zoo.DECODER}
+
+
+def test_zoo_covers_every_required_family_with_unique_names():
+    families = {m.family for m in zoo.ZOO}
+    assert REQUIRED <= families and families == set(zoo.FAMILIES)
+    assert len(zoo.ZOO) >= 22
+    assert len({m.name for m in zoo.ZOO}) == len(zoo.ZOO)
+    assert {m.library for m in zoo.ZOO} == {zoo.TORCHVISION, zoo.TRANSFORMERS}
+    vits = {m.name for m in zoo.ZOO if m.family == zoo.VIT}
+    assert {"vit_b_16", "swin_t"} <= vits
+    assert zoo.BY_NAME["bert-base"].source == "transformers.BertModel(BertConfig)"
+    assert zoo.BY_NAME["r3d_18"].source == "torchvision.models.video.r3d_18"
+
+
+def test_importing_the_zoo_loads_neither_torch_nor_tvm():
+    code = ("import sys, ansor.bench.zoo, ansor.bench.zoo_bench; "
+            "print(sorted(m for m in ('torch', 'torchvision', 'transformers', 'tvm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_unknown_model_lists_the_zoo():
+    with pytest.raises(AnsorError, match="choose from .*mobilenet_v3_large"):
+        zoo.zoo_model("alexnet")
+
+
+def test_a_model_whose_tuning_finished_is_not_tuned_again(tmp_path):
+    name = "squeezenet1_1"
+    assert needs_tuning(tmp_path, name)  # nothing yet
+    write_status(tmp_path, name, ZooStatus(error="import: no such operator"))
+    assert needs_tuning(tmp_path, name)  # failures are retried
+    write_status(tmp_path, name, ZooStatus(True, 1.0e9, 30.0, 42))
+    assert needs_tuning(tmp_path, name)  # finished, but its log is gone
+    log_path(tmp_path, name).write_text("")
+    assert not needs_tuning(tmp_path, name)
+    assert read_status(tmp_path, name) == ZooStatus(True, 1.0e9, 30.0, 42)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no partial file left
+    status_path(tmp_path, name).write_text("{not json")
+    assert needs_tuning(tmp_path, name)  # a damaged status never passes a log off as finished
+
+
+def _args(**kw):
+    defaults = dict(minutes=0.1, n_trials=10, repeat=1, pause=0.0, rounds=0, metaschedule=False)
+    return argparse.Namespace(**{**defaults, **kw})
+
+
+def test_a_model_that_fails_to_import_gets_its_error_row(tmp_path):
+    model = zoo.BY_NAME["squeezenet1_1"]
+    (tmp_path / f"{model.name}.onnx").write_bytes(b"\x08\x07 this is not a protobuf")  # export skips an existing file
+    said = []
+    result = bench_zoo_model(model, _args(), "llvm -num-cores=1", 1, tmp_path, say=said.append)
+    assert result.report is None and result.stage == "import"
+    assert "not a valid ONNX model" in result.error and "\n" not in result.error
+    status = json.loads(status_path(tmp_path, model.name).read_text())
+    assert status["error"].startswith("import: ") and status["tuned"] is False
+    assert not log_path(tmp_path, model.name).exists()  # nothing was tuned
+    _, rows, geomean, count = zoo_rows([result])
+    assert rows[0][:4] == (model.name, model.family, f"no: import failed: {result.error}", "-")
+    assert count == 0 and np.isnan(geomean)
+
+
+def _report(name: str, ms: float) -> ModelReport:
+    from ansor.networks import OutputComparison
+    report = ModelReport(name, tuning_s=30.0, trials=64, tuned_ms=ms, default_ms=2 * ms)
+    report.peers = [PeerResult("ONNX Runtime 1.x", ms, ms), PeerResult("OpenVINO 2026", 2 * ms, 2 * ms)]
+    report.rounds = {OURS: [ms, ms], "ONNX Runtime 1.x": [ms / 2, ms], "OpenVINO 2026": [2 * ms, 2 * ms]}
+    report.breakdown = [TaskRow("conv", 1, ms / 2, ms / 4, 10.0)]
+    report.vs_ort = OutputComparison(1e-6, 1.0, 1e-4, 1e-5)
+    return report
+
+
+def test_zoo_section_is_replaced_not_duplicated(tmp_path):
+    ok = ZooResult(zoo.BY_NAME["resnet50"], _report("resnet50", 10.0))
+    broken = ZooResult(zoo.BY_NAME["swin_t"], stage="build", error="building the network failed: x | y")
+    provenance = Provenance("2025-01-01", "CPU: Test CPU (2 cores)", "Python 3", "ansor bench --zoo")
+    path = write_zoo_docs(tmp_path, [ok, broken], provenance, 0.5)
+    first = path.read_text()
+    assert first.count("<!-- generated: zoo:test-cpu -->") == 1 and "0.5 minutes" in first
+    assert "| resnet50 | classic CNN | yes | yes | yes (1.0e-06) | 10.00 |" in first
+    assert "no: build failed: building the network failed: x \\| y" in first  # a | in a message stays in its cell
+    assert "**1.50**" in first  # in turn: median of the rounds' ratios 10/5 and 10/10
+    assert "over the 1 of 2 models that ran" in first
+    write_zoo_docs(tmp_path, [ok], provenance, 10)
+    second = path.read_text()
+    assert second.count("<!-- generated: zoo:test-cpu -->") == 1 and second.count("<!-- end: zoo:test-cpu -->") == 1
+    assert "10 minutes" in second and "0.5 minutes" not in second and "swin_t" not in second
+
+
+def test_export_writes_the_onnx_file_once(tmp_path):
+    pytest.importorskip("torchvision", reason="exporting the zoo needs torchvision (the zoo extra)")
+    onnx = pytest.importorskip("onnx", reason="reading the export needs onnx")
+    model = zoo.BY_NAME["squeezenet1_1"]
+    path = zoo.export(model, tmp_path)
+    graph = onnx.load(str(path)).graph
+    assert [i.name for i in graph.input] == ["input"]
+    assert [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim] == [1, 3, 224, 224]
+    stamp = path.stat().st_mtime_ns
+    assert zoo.export(model, tmp_path) == path and path.stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no partial file left
+
+
+def test_bad_zoo_flags_are_refused_before_any_work(tmp_path, capsys):
+    from ansor.cli.main import main
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"")
+    assert main(["bench", "--zoo", "--onnx", str(onnx)]) == 2
+    assert "--zoo benchmarks the zoo's models" in capsys.readouterr().err
+    assert main(["bench", "--zoo", "--models", "alexnet", "--work-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no model 'alexnet' in the zoo") and "gpt2" in err
+    assert list(tmp_path.iterdir()) == [onnx]  # nothing was exported or written
+
+
+def test_provenance_names_the_command_once():
+    assert Provenance.here("CPU: x", ["bench", "--zoo"]).command == "ansor bench --zoo"
+    assert Provenance.here("CPU: x", ["--zoo"]).command == "ansor bench --zoo"  # scripts/bench/bench_network.py
