@@ -7,7 +7,7 @@ run (also ``scripts/bench/bench_network.py``).
   ansor bench --models resnet-50 --log logs/resnet-50.json   # no tuning: use a log
   ansor bench --models resnet-50 --metaschedule    # also MetaSchedule, same trials
   ansor bench --write-docs .                       # also write the figures into ./docs/benchmarks.md
-  ansor bench --zoo --work-dir zoo-work            # the model zoo (22 models, hours; a rerun resumes)
+  ansor bench --zoo --work-dir logs/zoo            # the model zoo (22 models, hours; a rerun resumes)
 
 For each model:
 
