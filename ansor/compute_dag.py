@@ -253,6 +253,9 @@ def _walk(expr, reads: list[Access], calls: list[str], var_names: set[str], note
     if isinstance(expr, (E.Cast, E.Not)):
         inner = expr.value if isinstance(expr, E.Cast) else expr.a
         return _walk(inner, reads, calls, var_names, note_buffer)
+    if isinstance(expr, E.Let):  # a value computed once and used by name (ansor.networks.fast_math)
+        return _walk(expr.value, reads, calls, var_names, note_buffer) + \
+            _walk(expr.body, reads, calls, var_names, note_buffer)
     if isinstance(expr, E.Select):
         calls.append("select")
         cond = _walk(expr.condition, reads, calls, var_names, note_buffer)

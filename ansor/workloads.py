@@ -159,22 +159,23 @@ def _relu(x: te.Tensor, names: Sequence[str], name: str = "relu") -> te.Tensor:
     return te.compute(x.shape, lambda *i: te.max(x(*i), zero), name=name, varargs_names=list(names))
 
 
-def _softmax(x: te.Tensor, names: Sequence[str]) -> te.Tensor:
-    """Softmax over the last axis, staged the way TOPI writes it (max, exp, sum, normalise)."""
+def softmax_stages(x: te.Tensor, names: Sequence[str], exp: Callable = te.exp) -> te.Tensor:
+    """Softmax over the last axis, staged the way TOPI writes it (max, exp, sum, normalise); ``exp`` maps
+    a PrimExpr to its exponential (networks pass a vectorizable one)."""
     outer, n = list(names[:-1]), x.shape[-1]
     k1 = te.reduce_axis((0, n), name="k")
     maxelem = te.compute(
         x.shape[:-1], lambda *i: te.max(x(*i, k1), axis=k1), name="T_softmax_maxelem", varargs_names=outer
     )
-    exp = te.compute(
-        x.shape, lambda *i: te.exp(x(*i) - maxelem(*i[:-1])), name="T_softmax_exp", varargs_names=list(names)
+    exps = te.compute(
+        x.shape, lambda *i: exp(x(*i) - maxelem(*i[:-1])), name="T_softmax_exp", varargs_names=list(names)
     )
     k2 = te.reduce_axis((0, n), name="k")
     expsum = te.compute(
-        x.shape[:-1], lambda *i: te.sum(exp(*i, k2), axis=k2), name="T_softmax_expsum", varargs_names=outer
+        x.shape[:-1], lambda *i: te.sum(exps(*i, k2), axis=k2), name="T_softmax_expsum", varargs_names=outer
     )
     return te.compute(
-        x.shape, lambda *i: exp(*i) / expsum(*i[:-1]), name="T_softmax_norm", varargs_names=list(names)
+        x.shape, lambda *i: exps(*i) / expsum(*i[:-1]), name="T_softmax_norm", varargs_names=list(names)
     )
 
 
@@ -251,7 +252,7 @@ def _batch_matmul_workload(name: str, batch: int, m: int, n: int, k: int) -> Wor
 def _softmax_workload(name: str, m: int, n: int) -> Workload:
     def make():
         A = te.placeholder((m, n), DTYPE, name="A")
-        return [A, _softmax(A, ("i", "j"))]
+        return [A, softmax_stages(A, ("i", "j"))]
 
     def reference(ins):
         return [_softmax_ref(*_f64(ins))]
@@ -471,7 +472,7 @@ def _tbs_workload(name: str, batch: int, heads: int, seq: int, dim: int) -> Work
             lambda b, h, i, j: te.sum(query_t[b, h, i, k] * key_t[b, h, k, j], axis=k),
             name="C",
         )
-        return [query, key, _softmax(scores, ("b", "h", "i", "j"))]
+        return [query, key, softmax_stages(scores, ("b", "h", "i", "j"))]
 
     def reference(ins):
         q, k = _f64(ins)
