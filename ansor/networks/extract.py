@@ -177,15 +177,16 @@ def _as_task(func: tvm.tirx.PrimFunc, target: tvm.target.Target, name: str) -> t
 
 
 def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] = None,
-            layout: str = "NHWC", winograd: bool = True) -> Extraction:
+            layout: str = "NHWC", winograd: bool = True, fast_math: bool = True) -> Extraction:
     """Prepare (CPU targets: see :mod:`.prepare`; ``layout`` is its convolution layout, ``winograd`` whether
-    3x3 convolutions become Winograd tasks), fuse ``network`` and group its PrimFuncs into weighted tasks.
+    3x3 convolutions become Winograd tasks, ``fast_math`` whether exp, sigmoid, tanh, erf and what uses them
+    become vectorizable approximations), fuse ``network`` and group its PrimFuncs into weighted tasks.
 
     Tasks come out heaviest first (FLOPs times weight), which is the order a progress table wants.
     """
     target = parse_target(target)
     if not is_gpu(target):
-        network = prepare(network, layout=layout, winograd=winograd)
+        network = prepare(network, layout=layout, winograd=winograd, fast_math=fast_math)
     mod = fuse(network.mod, target)
     counts, n_outputs = call_counts(mod)
     groups: dict[int, list[tuple[str, tvm.tirx.PrimFunc]]] = {}
@@ -215,9 +216,9 @@ def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] 
 
 
 def extract_tasks(network: Network, target: Union[str, dict, tvm.target.Target, None] = None,
-                  layout: str = "NHWC", winograd: bool = True) -> list[NetworkTask]:
+                  layout: str = "NHWC", winograd: bool = True, fast_math: bool = True) -> list[NetworkTask]:
     """The weighted tuning tasks of ``network`` (see :func:`extract` for the fused module and the skips)."""
-    return extract(network, target, layout, winograd).tasks
+    return extract(network, target, layout, winograd, fast_math).tasks
 
 
 def _uniquify_names(tasks: list[NetworkTask], long_names: dict[int, str]) -> None:
