@@ -176,9 +176,16 @@ def export(model: ZooModel, work: Path) -> Path:
     try:
         import torch
         module = build_module(model)
-        with torch.no_grad():
-            torch.onnx.export(module, example_inputs(model), str(partial), opset_version=OPSET, dynamo=False,
-                              input_names=[n for n, _, _ in model.inputs], do_constant_folding=True)
+        # nn.MultiheadAttention's fast path (eval, no grad: vit_b_16) is one fused operator the exporter does
+        # not know; off, it traces as the matmuls and softmax it stands for.
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            with torch.no_grad():
+                torch.onnx.export(module, example_inputs(model), str(partial), opset_version=OPSET, dynamo=False,
+                                  input_names=[n for n, _, _ in model.inputs], do_constant_folding=True)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(fastpath)
         os.replace(partial, path)
     except ImportError as err:
         raise NetworkError(f"exporting {model.source} needs {err.name or 'torch'}: pip install -e '.[zoo]'") from None
