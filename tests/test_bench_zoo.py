@@ -107,6 +107,20 @@ def test_zoo_section_is_replaced_not_duplicated(tmp_path):
     assert "10 minutes" in second and "0.5 minutes" not in second and "swin_t" not in second
 
 
+def test_the_readme_summary_shows_the_latest_run_between_its_markers(tmp_path):
+    """The README's results block is generated too: the zoo's short table replaces whatever was there."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- generated: network-summary -->\nold figures\n<!-- end: network-summary -->\n\nrest\n")
+    ok = ZooResult(zoo.BY_NAME["resnet50"], _report("resnet50", 10.0))
+    broken = ZooResult(zoo.BY_NAME["swin_t"], stage="build", error="x")
+    provenance = Provenance("2025-01-01", "CPU: Test CPU (2 cores)", "Python 3", "ansor bench --zoo")
+    write_zoo_docs(tmp_path, [ok, broken], provenance, 10)
+    text = readme.read_text()
+    assert "old figures" not in text and text.endswith("rest\n") and text.startswith("# x\n")
+    assert "| resnet50 | **1.50** | 2.00x |" in text and "| swin_t | - | - |" in text
+    assert "Model zoo after 10 minutes of tuning each; CPU: Test CPU (2 cores), 2025-01-01" in text
+
+
 def test_export_writes_the_onnx_file_once(tmp_path):
     pytest.importorskip("torchvision", reason="exporting the zoo needs torchvision (the zoo extra)")
     onnx = pytest.importorskip("onnx", reason="reading the export needs onnx")

@@ -165,15 +165,20 @@ def geometric_mean(ratios: list[float]) -> tuple[float, int]:
     return (float(np.exp(np.mean(np.log(finite)))) if finite else float("nan")), len(finite)
 
 
-def write_summary(root: Path, rows: list[tuple[str, ...]], geomean: float, provenance: Provenance) -> None:
+def summary_row(model: str, cells: tuple[str, ...]) -> tuple[str, str, str]:
+    """A model's row of the README's summary, from its cells under :data:`RESULT_HEADER`."""
+    return model, cells[RESULT_HEADER.index("ansor / fastest, in turn")], cells[RESULT_HEADER.index("tuned vs default")]
+
+
+def write_summary(root: Path, what: str, rows: list[tuple[str, str, str]], geomean: float,
+                  provenance: Provenance) -> None:
     """The short table of ``root/README.md`` between its ``generated: network-summary`` markers, when it has
-    them: each row's model, ratio and tuned-vs-default cells (columns 0, 3 and 6 of the network table)."""
+    them: the latest run of either benchmark (``what`` names it), one :func:`summary_row` per model."""
     readme = root / "README.md"
     if readme.exists() and "<!-- generated: network-summary -->" in readme.read_text():
-        short = markdown_table(("model", "ansor / fastest f32 runtime", "tuned vs default"),
-                               [(row[0], row[3], row[6]) for row in rows], "<>>")
+        short = markdown_table(("model", "ansor / fastest f32 runtime", "tuned vs default"), rows, "<>>")
         write_section(readme, "network-summary",
-                      f"{provenance.cpu}, {provenance.date}, `{provenance.command}`:\n\n{short}\n\n"
+                      f"{what}; {provenance.cpu}, {provenance.date}, `{provenance.command}`:\n\n{short}\n\n"
                       f"Geometric mean **{geomean:.2f}**. All figures: [docs/benchmarks.md](docs/benchmarks.md).")
 
 
@@ -181,16 +186,17 @@ def write_docs(root: Path, reports: list[ModelReport], provenance: Provenance, a
     """This run's table as this CPU kind's section of ``root/docs/benchmarks.md``, and as the summary of
     ``root/README.md`` (between its ``generated: network-summary`` markers, when it has them)."""
     header = ("model", *RESULT_HEADER, "output vs ONNX Runtime")
-    rows, ratios = [], []
+    rows, ratios, summary = [], [], []
     for r in reports:
         cells, ratio = result_cells(r)
         ratios.append(ratio)
         rows.append((r.name, *cells, f"{r.error_vs_ort:.1e}"))
+        summary.append(summary_row(r.name, cells))
     geomean, count = geometric_mean(ratios)
     table = markdown_table(header, rows, f"<{RESULT_ALIGN}>")
     body = (f"## Networks after {args.minutes:g} minutes of tuning each\n\n{provenance.markdown()}\n{table}\n\n"
             f"Geometric mean of ansor / fastest float32 runtime: **{geomean:.2f}** over {count} models. "
             f"{RESULT_NOTE}\n")
     write_section(root / "docs" / "benchmarks.md", section_key("network", provenance.cpu), body)
-    write_summary(root, rows, geomean, provenance)
+    write_summary(root, f"Networks after {args.minutes:g} minutes of tuning each", summary, geomean, provenance)
     print(f"wrote {root / 'docs' / 'benchmarks.md'}")

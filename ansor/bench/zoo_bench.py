@@ -27,7 +27,8 @@ from typing import Any, Callable, Optional
 
 from ..errors import AnsorError, short_message
 from .docs import Provenance, markdown_table, section_key, write_section
-from .network_report import RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, geometric_mean, result_cells
+from .network_report import (RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, geometric_mean, result_cells,
+                             summary_row, write_summary)
 from .zoo import ZooModel
 
 logger = logging.getLogger("ansor")
@@ -193,6 +194,10 @@ def write_zoo_docs(root: Path, results: list[ZooResult], provenance: Provenance,
     replaces it); returns the file."""
     path = Path(root) / "docs" / "benchmarks.md"
     write_section(path, section_key("zoo", provenance.cpu), zoo_markdown(results, provenance, minutes))
+    _, rows, geomean, _ = zoo_rows(results)
+    width = len(RESULT_HEADER)
+    write_summary(Path(root), f"Model zoo after {minutes:g} minutes of tuning each",
+                  [summary_row(row[0], row[-width:]) for row in rows], geomean, provenance)
     return path
 
 
