@@ -319,6 +319,30 @@ def test_copy_schedule_tiles_a_transpose_and_vectorizes_a_split_and_a_transposed
         assert all(np.array_equal(w, g) for w, g in zip(want, got)), name
 
 
+def test_a_transpose_with_a_long_strided_innermost_loop_is_vectorized_in_pieces():
+    """ConvNeXt's [1,768,7,7] -> [1,7,7,768]: no lanes x lanes tiles fit (7 is no multiple of the lanes), so
+    the innermost loop is vectorized; all 768 at once was one LLVM vector LLVM took over 15 minutes on."""
+    import re
+    import time
+
+    from tvm import te, topi
+
+    from ansor.apply import run
+    from ansor.networks import copy_schedule
+    from ansor.sketch.annotation import MAX_VECTORIZE_LANES
+
+    x = te.placeholder((1, 768, 7, 7), name="x")
+    func = te.create_prim_func([x, topi.transpose(x, (0, 2, 3, 1))])
+    scheduled = copy_schedule(func, 2, 64)
+    widths = [int(w) for w in re.findall(r"T\.vectorized\((\d+)\)", scheduled.script())]
+    assert widths and max(widths) <= MAX_VECTORIZE_LANES and "T.parallel(" in scheduled.script()
+    start = time.monotonic()
+    module = _compile(scheduled)
+    assert time.monotonic() - start < 60
+    arg = np.random.default_rng(0).random((1, 768, 7, 7), dtype="float32")
+    assert np.array_equal(run(module, [arg, np.zeros((1, 7, 7, 768), "float32")])[-1], arg.transpose(0, 2, 3, 1))
+
+
 def _compile(func: tvm.tirx.PrimFunc) -> tvm.runtime.Module:
     return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm").jit()
 

@@ -36,7 +36,7 @@ from ..loop_nest import AttachKind
 from ..loop_state import State
 from ..search_task import SearchTask
 from ..sketch.annotation import (
-    annotate_parallel, annotate_vectorize, contiguous, largest_divisor_at_most, vector_lanes,
+    MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, contiguous, largest_divisor_at_most, vector_lanes,
 )
 
 logger = logging.getLogger("ansor")
@@ -207,8 +207,7 @@ def _schedule_copy(sch: tvm.s_tir.Schedule, block, write_pos: int, read_pos: Opt
     extents = [int(sch.get(loop).extent) for loop in loops]
     if read_pos is None or extents[read_pos] % lanes or extents[write_pos] % lanes:
         _parallel_leading(sch, block, limit)
-        if extents[-1] > 1:
-            sch.vectorize(sch.get_loops(block)[-1])
+        _vectorize_innermost(sch, block)
         return
     w_outer, w_inner = sch.split(loops[write_pos], [None, lanes])
     r_outer, r_inner = sch.split(loops[read_pos], [None, lanes])
@@ -321,8 +320,22 @@ def default_tir_schedule(func: tvm.tirx.PrimFunc, num_cores: int) -> tvm.tirx.Pr
     limit = 16 * num_cores
     for block in sch.get_child_blocks(root):
         _try(sch, lambda s, b=block: _parallel_leading(s, b, limit))
-        _try(sch, lambda s, b=block: s.vectorize(s.get_loops(b)[-1]))
+        _try(sch, lambda s, b=block: _vectorize_innermost(s, b))
     return sch.mod["main"]
+
+
+def _vectorize_innermost(sch: tvm.s_tir.Schedule, block) -> None:
+    """Vectorize at most :data:`MAX_VECTORIZE_LANES` iterations of the block's innermost loop (its largest
+    divisor up to that), never the whole of a long loop: a 768-wide gather (a transpose of ConvNeXt's
+    [1,768,7,7]) is one LLVM vector of 768 floats, which LLVM took over 15 minutes to compile."""
+    loop = sch.get_loops(block)[-1]
+    extent = _const_extent(sch.get(loop).extent, 0)
+    factor = largest_divisor_at_most(extent, MAX_VECTORIZE_LANES) if extent > 1 else 1
+    if factor <= 1:
+        return
+    if factor < extent:
+        loop = sch.split(loop, [None, factor])[-1]
+    sch.vectorize(loop)
 
 
 def _parallel_leading(sch: tvm.s_tir.Schedule, block, limit: int, keep_inner: int = 1) -> None:
