@@ -48,6 +48,8 @@ def test_cpu_log_exports_llvm_ir_assembly_tvmscript_and_index(cpu_log, tmp_path)
     assert len(index) == 1
     entry = index[0]
     assert entry["workload_key"] == "matmul-64"
+    from ansor.version import writer
+    assert entry["writer"] == writer()  # which ansor and TVM made the files
     assert entry["args"] == [{"name": n, "shape": [64, 64], "dtype": "float32"} for n in ("A", "B", "C")]
     assert 0 < entry["latency_s"] < 1 and "launch" not in entry
     assert set(entry["files"]) == {"tvmscript", "llvm_ir", "asm"}

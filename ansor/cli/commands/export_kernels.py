@@ -113,6 +113,7 @@ def export_record(rec, out: Path, name: str) -> dict:
     from ...apply import arg_specs
     from ...errors import AnsorError
     from ...target import is_gpu
+    from ...version import writer
 
     task = rec.task
     try:
@@ -126,6 +127,7 @@ def export_record(rec, out: Path, name: str) -> dict:
     files = {"tvmscript": f"{name}.tir.py"}
     (out / files["tvmscript"]).write_text(mod["main"].script() + "\n")
     entry: dict = {
+        "writer": writer(),
         "workload_key": task.workload_key,
         "target": task.target_str,
         "args": [{"name": p.name, "shape": list(shape), "dtype": dtype}
