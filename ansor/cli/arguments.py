@@ -61,13 +61,12 @@ class Number:
     example: str = "1"
 
     def __call__(self, text: str) -> int | float:
-        kind = "an integer" if self.integer else "a number"
         try:
             value = int(text) if self.integer else float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {kind} from {self._bound(self.low)} to "
-                                             f"{self._bound(self.high)}, got {text!r} (example: {self.example})")
+            value = math.nan
         if not math.isfinite(value) or not self.low <= value <= self.high:
+            kind = "an integer" if self.integer else "a number"
             raise argparse.ArgumentTypeError(f"must be {kind} from {self._bound(self.low)} to "
                                              f"{self._bound(self.high)}, got {text!r} (example: {self.example})")
         return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -43,6 +44,14 @@ def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = N
             logger.info("CUDA arch %s detected on the cluster's GPU", arch)
     set_tvm_threads(target)
     return target
+
+
+def add_log_target_arg(parser: argparse.ArgumentParser) -> None:
+    """``--target`` of the commands that build a network from a log's records."""
+    from .arguments import Text
+    parser.add_argument("--target", default=None, type=Text("a target", "host"),
+                        help="target to build for and whose records to use (default: the target most records "
+                             "of the log were measured for, else 'host')")
 
 
 def log_target(paths: Sequence[os.PathLike], keys: Optional[set[str]] = None) -> Optional[str]:

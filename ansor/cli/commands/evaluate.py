@@ -41,15 +41,14 @@ SUMMARY = "time networks tuned by earlier runs (their logs) against a baseline"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import REPEATS, ExistingFile, Text
+    from ..arguments import REPEATS, ExistingFile
+    from ..targets import add_log_target_arg
     from ..networks import add_network_args
 
     parser.add_argument("logs", nargs="+", metavar="LOG", type=ExistingFile("a tuning log", "logs/net-b1.json"),
                         help="tuning logs, one network each")
     add_network_args(parser, for_logs=True)
-    parser.add_argument("--target", default=None, type=Text("a target", "host"),
-                        help="target to build for and whose records to use (default: the target most records "
-                             "of the log were measured for, else 'host')")
+    add_log_target_arg(parser)
     parser.add_argument("--baseline", choices=("auto", "torch", "default"), default="auto",
                         help="what the speedup is over: PyTorch eager where torch is installed and the network "
                              "has a PyTorch definition, else the default build (auto, the default); PyTorch "
@@ -68,15 +67,12 @@ def execute(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluation import evaluate_network
-    from ..logs import check_log_file
     from ..networks import network_for_log
     from ..targets import log_target, parse_target_and_threads
     from ...tables import format_table
     from ...networks import extract
 
-    logs = [Path(p) for p in args.logs]
-    for log in logs:
-        check_log_file(log, must_exist=True)
+    logs = [Path(p) for p in args.logs]  # each an existing, readable file: checked by the flag's type
     networks = [network_for_log(args, log) for log in logs]  # all bad input is reported before any timing
     torch_version = torch_for_baseline(args.baseline, networks)
 

@@ -23,17 +23,16 @@ SUMMARY = "write a tuned network as a deployable model.so, from its tuning log"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import ExistingFile, OutputDir, Text
+    from ..arguments import ExistingFile, OutputDir
     from ..networks import add_network_args
+    from ..targets import add_log_target_arg
 
     parser.add_argument("log", metavar="LOG", type=ExistingFile("a tuning log", "logs/model-b1.json"),
                         help="the network's tuning log (ansor tune's)")
     parser.add_argument("--out", required=True, metavar="DIR", type=OutputDir("an export directory", "deploy/model"),
                         help="where to write model.so, model.json and README.md (created if missing)")
     add_network_args(parser, for_logs=True)
-    parser.add_argument("--target", default=None, type=Text("a target", "host"),
-                        help="target to build for and whose records to use (default: the target most records "
-                             "of the log were measured for, else 'host')")
+    add_log_target_arg(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log details")
 
 
@@ -46,14 +45,13 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ...networks import apply_best, apply_history_best, build, compare_outputs, extract
-    from ...relax import check_export_dir, export_network
+    from ...relax import export_network
     from ..evaluation import tuned_task_count
     from ..networks import network_for_log
     from ..running import EXIT_FAILED
     from ..targets import log_target, parse_target_and_threads
 
     log = Path(args.log)
-    check_export_dir(args.out)
     net = network_for_log(args, log)
     target = parse_target_and_threads(args.target or log_target([log]) or "host")
     extraction = extract(net, target)

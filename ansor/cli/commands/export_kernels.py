@@ -57,12 +57,10 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..logs import check_log_file
     from ...errors import RecordError
     from ...records import load_records
 
     log = Path(args.log)
-    check_log_file(log, must_exist=True)
     records = load_records(log, workload_key=args.workload, target=args.target)
     best: dict[tuple[str, str], object] = {}
     for rec in records:

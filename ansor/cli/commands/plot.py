@@ -97,13 +97,11 @@ def curves(log: Path, extraction, target) -> Curves:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..logs import check_log_file
     from ..networks import network_for_log
     from ..targets import log_target, parse_target_and_threads
     from ...errors import AnsorError
 
     log = Path(args.log)
-    check_log_file(log, must_exist=True)
     out = Path(args.out) if args.out else (None if args.csv else log.with_suffix(".png"))
     plt = _pyplot() if out is not None else None  # fail fast, before the slow part
     net = network_for_log(args, log)

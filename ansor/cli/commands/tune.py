@@ -102,9 +102,6 @@ def run(args: argparse.Namespace, log) -> int:
     name = log_name(net.name, net.batch_size)
     log_file = Path(args.log_file) if args.log_file else (database.path / name if database else Path("logs") / name)
     check_log_file(log_file, must_exist=args.eval_only and database is None, resume=args.resume)
-    if args.export:
-        from ...relax import check_export_dir
-        check_export_dir(args.export)
 
     from ...networks import extract
 
