@@ -229,9 +229,8 @@ class ProgramMeasurer:
                 close.append((reply.costs[0], replace(job, reference=None)))
             else:
                 done(job, reply)
-        # Fastest first: a probe is a program's first call, and a cold first call of a fast program can take
-        # 4x its time (2.0e-4 s for a 5.0e-5 s matmul), letting a 20x slower one through;
-        # once the fast one is timed in full, the bar asked as the slow one starts spares it again.
+        # Fastest first: once the fast one is timed in full, the bar asked as a slower one starts can spare it
+        # (a probe can still be a few times slow, letting a 20x slower candidate through the first bar).
         return todo + [job for _, job in sorted(close, key=lambda c: c[0])]
 
     def _missing_references(self, tasks: list[SearchTask]) -> dict[str, SearchTask]:

@@ -44,8 +44,11 @@ class RunConfig:
     So each candidate is first run once; if that run is ``slow_factor`` times slower than the fastest
     candidate of its task timed so far, that single run is its cost. Such a cost only has to rank it below
     the good ones, and the batch's run phase no longer grows with its worst members. When the candidate is
-    checked for correctness, the check run is that first run (caches not flushed: a slightly pessimistic
-    cost for a program that is slow anyway); otherwise a probe run with flushed caches is.
+    checked for correctness, the check run is that first run if it took at least ``min_repeat_ms`` (caches
+    not flushed: a slightly pessimistic cost for a program that is slow anyway); a shorter one is confirmed
+    by a probe run with flushed caches, as is every unchecked candidate. A program's first call is cold
+    (its library's pages, the thread pool waking): on a busy machine a 50 µs matmul's first call took over
+    1 ms, longer than a 20x slower one's, which then ran ahead of it and was timed in full.
     """
 
     number: int = 1
@@ -125,7 +128,8 @@ class Runner:
                                            skip={layout.index for layout in packed})
                 if mismatch:
                     return self._error(ErrorNo.WRONG_ANSWER, mismatch, start)
-                if checked > config.slow_factor * best_cost:  # the check run already says it is slow
+                if checked > config.slow_factor * best_cost and checked * 1e3 >= config.min_repeat_ms:
+                    # Slow even counting a cold start, and a confirming run would cost more than a repeat.
                     return RunReply((checked,), int(ErrorNo.NO_ERROR), "", start, time.time(), self._node)
             flush = self._flush if config.enable_cpu_cache_flush else ""
             probe = module.time_evaluator("main", self._device, number=1, repeat=1, f_preproc=flush)
