@@ -18,20 +18,20 @@ from .errors import AnsorError, RecordError, StepError, TargetError, WorkloadErr
 from .version import __version__
 
 _LAZY = {
-    "ComputeDAG": ".compute_dag",
-    "Database": ".database",
-    "Iterator": ".loop_nest",
-    "Stage": ".loop_nest",
-    "State": ".loop_state",
-    "RecordWriter": ".records",
-    "best_records": ".records",
-    "distill": ".records",
-    "load_records": ".records",
-    "save_records": ".records",
-    "SearchTask": ".search_task",
-    "apply_best": ".best",
-    "best_record": ".best",
-    "print_best": ".best",
+    "ComputeDAG": ".state.compute_dag",
+    "Database": ".log.database",
+    "Iterator": ".state.loop_nest",
+    "Stage": ".state.loop_nest",
+    "State": ".state.loop_state",
+    "RecordWriter": ".log.records",
+    "best_records": ".log.records",
+    "distill": ".log.records",
+    "load_records": ".log.records",
+    "save_records": ".log.records",
+    "SearchTask": ".task.search_task",
+    "apply_best": ".log.best",
+    "best_record": ".log.best",
+    "print_best": ".log.best",
     "BuilderOptions": ".tuning",
     "RunnerOptions": ".tuning",
     "TuneResult": ".tuning",
@@ -53,5 +53,7 @@ def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return import_module(f".{name}", __name__)
     if name in _LAZY:
+        if name == "SearchTask":
+            import_module(".tuning", __name__)  # which gives the task its workflow methods (task.tune, ...)
         return getattr(import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 Each round: the policy proposes programs, the measurer builds and times them (its callbacks append every
 result to the log the moment it arrives), and the cost model retrains. A task's history (its own log when
-resuming, a :class:`~ansor.database.Database`'s logs) is fed to the policy and the model first and counts
+resuming, a :class:`~ansor.log.database.Database`'s logs) is fed to the policy and the model first and counts
 towards the trial budget, so nothing measured is measured again.
 
 :class:`TuningOptions` and its :class:`RunnerOptions` are the one definition of how every script and the
@@ -19,18 +19,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union
 
 from .errors import AnsorError, StepError
-from .loop_state import State
+from .state.loop_state import State
 from .measure.callbacks import MeasureCallback
-from .measurement import MeasureInput, MeasureResult, program_results
-from .records import (
+from .log.measurement import MeasureInput, MeasureResult, program_results
+from .log.best import apply_best, best_record, print_best
+from .log.records import (
     Record, RecordWriter, best_records, distinct_records, load_records, other_targets_message,
 )
-from .search_task import SearchTask, TargetLike
+from .task.search_task import SearchTask, TargetLike
 from .sketch.policy import SearchParams, SketchPolicy
 
 if TYPE_CHECKING:
     from .cost_model.cost_model import CostModel
-    from .database import Database
+    from .log.database import Database
 
 logger = logging.getLogger("ansor")
 
@@ -357,14 +358,14 @@ def tune_task(task: SearchTask, options: Optional[TuningOptions] = None,
         Where every measurement is appended; default ``<database>/<workload key>.json`` with a database,
         else ``logs/<workload key>.json``.
     database
-        A :class:`~ansor.database.Database` (or its directory): its records of this task and target are
+        A :class:`~ansor.log.database.Database` (or its directory): its records of this task and target are
         the task's history. A task whose history already reaches the budget is not measured at all.
     resume
         Also take the task's records in ``log_file`` as history (default): rerunning a call continues it.
     measurer
         A measurer to use instead of a new one (it must already write to the log: the caller owns it).
     """
-    from .database import as_database
+    from .log.database import as_database
     options = options or TuningOptions()
     db = as_database(database)
     path = Path(log_file) if log_file is not None else default_log_path(task.workload_key, db)
@@ -447,3 +448,10 @@ def tune(func: Any, target: TargetLike = None, trials: Optional[int] = None,
     if trials is not None:
         options = replace(options, num_measure_trials=trials)
     return tune_task(task, options, log_file, database=database, resume=resume)
+
+
+# Ansor's spelling of the workflow, as methods of the task (``task.tune(options, log_file)`` etc.).
+SearchTask.tune = tune_task
+SearchTask.best_record = best_record
+SearchTask.apply_best = apply_best
+SearchTask.print_best = print_best

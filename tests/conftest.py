@@ -19,7 +19,7 @@ def local_ray():
 @pytest.fixture(scope="session")
 def matmul_inputs():
     """Makes ``n`` distinct tilings of a matmul task's block (stage 0: i, j, k), outer loop parallel."""
-    from ansor.measurement import MeasureInput
+    from ansor.log.measurement import MeasureInput
 
     def make(task, n: int) -> list:
         inputs = []

@@ -13,7 +13,7 @@ import tvm_ffi
 from tvm import te
 
 import ansor
-from ansor.records import load_records
+from ansor.log.records import load_records
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 FAST = ansor.TuningOptions(num_measures_per_round=4, cost_model="random")
@@ -72,7 +72,7 @@ def test_rerun_resumes_and_a_spent_budget_measures_nothing(tuned, tmp_path):
     assert again.measured == 0 and again.resumed == 4 and again.best_cost == result.best_cost
     # A database holding the log: a fresh log elsewhere starts from its records.
     db = ansor.Database(tmp_path / "db")
-    ansor.records.distill(log, db.log_path("earlier"), top_k=4)
+    ansor.log.records.distill(log, db.log_path("earlier"), top_k=4)
     from_db = ansor.tune(matmul(), TARGET, trials=6, log_file=tmp_path / "new.json", options=FAST, database=db)
     assert from_db.resumed == 4 and from_db.measured == 2
     assert len(load_records(tmp_path / "new.json")) == 2  # only the new measurements

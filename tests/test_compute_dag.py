@@ -4,8 +4,8 @@ import pytest
 from tvm import te
 
 from ansor import AnsorError, ComputeDAG
-from ansor.access import IterKind
-from ansor.search_task import SearchTask
+from ansor.state.access import IterKind
+from ansor.task.search_task import SearchTask
 from ansor.sketch.rules import single_elementwise_consumer
 
 

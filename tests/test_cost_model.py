@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import xgboost as xgb
 
-from ansor.loop_nest import AttachKind
+from ansor.state.loop_nest import AttachKind
 from ansor.cost_model import (CostModelError, FeatureExtractor, RandomModel, XGBModel, XGBParams,
                               load_model)
 from ansor.cost_model.dataset import TrainingSet
@@ -27,9 +27,9 @@ from ansor.cost_model.objective import Packs, PackSumPairwise, PackSumSquaredErr
 from ansor.cost_model.training import (evaluate, load_training_records, split_by_program,
                                        train_from_logs)
 from ansor.errors import RecordError
-from ansor.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
-from ansor.records import RecordWriter
-from ansor.search_task import SearchTask
+from ansor.log.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.log.records import RecordWriter
+from ansor.task.search_task import SearchTask
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_cost_model.py"

@@ -4,8 +4,8 @@ import pytest
 
 import ansor
 from ansor.errors import RecordError
-from ansor.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
-from ansor.records import RecordWriter, load_records
+from ansor.log.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.log.records import RecordWriter, load_records
 
 CPU2 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # explicit: records are keyed by the target string
 CPU4 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 4}

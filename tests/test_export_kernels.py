@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ansor import apply
-from ansor.measurement import ErrorNo, MeasureResult
-from ansor.records import RecordWriter
-from ansor.search_task import SearchTask
+from ansor.task import program
+from ansor.log.measurement import ErrorNo, MeasureResult
+from ansor.log.records import RecordWriter
+from ansor.task.search_task import SearchTask
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +33,8 @@ def cpu_log(tmp_path_factory):
     path = tmp_path_factory.mktemp("cpu") / "matmul-64.json"
     with RecordWriter(path) as writer:
         for state in states:
-            args = apply.random_inputs(task)
-            cost = apply.time_module(apply.build(task, state), args, repeat=3, min_repeat_ms=5)
+            args = program.random_inputs(task)
+            cost = program.time_module(program.build(task, state), args, repeat=3, min_repeat_ms=5)
             writer.write_record(task, state.steps, MeasureResult((cost,), ErrorNo.NO_ERROR))
         writer.write_record(task, states[0].steps, MeasureResult((1e10,), ErrorNo.RUNTIME_DEVICE, "crashed"))
     return path

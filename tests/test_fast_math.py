@@ -15,7 +15,7 @@ import tvm
 from scipy import special
 from tvm import relax, te
 
-from ansor.compute_dag import ComputeDAG
+from ansor.state.compute_dag import ComputeDAG
 from ansor.networks import Network, TensorSpec, apply_best, build, compare_outputs, extract, run
 from ansor.networks import fast_math
 

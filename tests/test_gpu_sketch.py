@@ -12,9 +12,9 @@ import subprocess
 import pytest
 import tvm
 
-from ansor.loop_nest import AttachKind
+from ansor.state.loop_nest import AttachKind
 from ansor.cost_model import RandomModel
-from ansor.search_task import SearchTask
+from ansor.task.search_task import SearchTask
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.sketch.evolution import evolutionary_search, mutate_tile_size
 from ansor.sketch.gpu_annotation import fits_gpu, thread_counts
@@ -174,12 +174,12 @@ def test_tuned_program_runs_correctly_on_a_gpu():
         pytest.skip("no CUDA device on this machine: CUDA programs are compile-checked only")
     import numpy as np
 
-    from ansor import apply
-    from ansor.workloads import get_workload
+    from ansor.task import program
+    from ansor.task.workloads import get_workload
     task = cuda_task("matmul-512")
     state = sample_initial_population(task, generate_sketches(task), 1, random.Random(9))[0]
-    args = apply.random_inputs(task, seed=1)
-    got = apply.run(apply.build(task, state), args, device=tvm.cuda())
+    args = program.random_inputs(task, seed=1)
+    got = program.run(program.build(task, state), args, device=tvm.cuda())
     np.testing.assert_allclose(got[-1], get_workload("matmul-512").reference(args[:-1])[-1], rtol=1e-3, atol=1e-3)
 
 

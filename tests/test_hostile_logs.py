@@ -15,13 +15,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from ansor import records as records_module
-from ansor import tvm_json
+from ansor.log import records as records_module
+from ansor.log import tvm_json
 from ansor.cost_model import CostModelError, load_model
 from ansor.errors import RecordError
-from ansor.measurement import ErrorNo, MeasureInput, MeasureResult
-from ansor.records import RecordWriter, load_records
-from ansor.search_task import SearchTask
+from ansor.log.measurement import ErrorNo, MeasureInput, MeasureResult
+from ansor.log.records import RecordWriter, load_records
+from ansor.task.search_task import SearchTask
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +266,7 @@ def test_fresh_process_survives_graphs_that_crash_tvm(tmp_path, log_lines):
         import json, sys
         from ansor.cli.targets import log_target
         from ansor.errors import RecordError
-        from ansor.records import load_records
+        from ansor.log.records import load_records
         counts = [len(load_records(p)) for p in {paths!r}]
         refused = []
         for p in ("/dev/zero", {str(fifo)!r}):

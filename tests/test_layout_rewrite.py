@@ -5,12 +5,12 @@ import random
 import numpy as np
 import pytest
 
-from ansor import apply
+from ansor.task import program
 from ansor.errors import StepError
-from ansor.layout_rewrite import PREPROC_ANNOTATION, pack_arguments, packable_arguments, packed_layout
-from ansor.search_task import SearchTask
+from ansor.state.layout_rewrite import PREPROC_ANNOTATION, pack_arguments, packable_arguments, packed_layout
+from ansor.task.search_task import SearchTask
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
-from ansor.workloads import get_workload
+from ansor.task.workloads import get_workload
 
 TARGET = "llvm -num-cores=2"  # this CPU: the programs run here
 
@@ -54,28 +54,28 @@ def test_packed_layout_is_the_loop_order_of_the_tiles():
 
 def test_runtime_input_packed_in_the_kernel_gives_the_same_answer():
     task = SearchTask.from_workload("matmul-64", TARGET)
-    args = apply.random_inputs(task, seed=3)
+    args = program.random_inputs(task, seed=3)
     want = args[0] @ args[1]
     state = tiled_matmul(task, pack=True)
-    mod = apply.schedule(task, state)
+    mod = program.schedule(task, state)
     assert "B_global" in mod.script() and PREPROC_ANNOTATION not in mod.script()  # an in-kernel copy
-    got = apply.run(apply.build(task, state), args)[-1]
+    got = program.run(program.build(task, state), args)[-1]
     np.testing.assert_allclose(got, want, rtol=1e-4)
-    assert apply.kernel(task, state)[1] == []  # nothing is pre-packed: the kernel takes B as given
+    assert program.kernel(task, state)[1] == []  # nothing is pre-packed: the kernel takes B as given
 
 
 def test_constant_weight_is_prepacked_outside_the_measured_kernel():
     task = weights_constant("matmul-64", 1)
-    args = apply.random_inputs(task, seed=4)
+    args = program.random_inputs(task, seed=4)
     want = args[0] @ args[1]
     state = tiled_matmul(task, pack=True)
-    assert PREPROC_ANNOTATION in apply.schedule(task, state).script()
+    assert PREPROC_ANNOTATION in program.schedule(task, state).script()
     # The scheduled module packs B itself (a network build folds that block away) ...
-    np.testing.assert_allclose(apply.run(apply.build(task, state), args)[-1], want, rtol=1e-4)
+    np.testing.assert_allclose(program.run(program.build(task, state), args)[-1], want, rtol=1e-4)
     # ... the measured kernel takes B packed.
-    module, layouts = apply.build_kernel(task, state)
+    module, layouts = program.build_kernel(task, state)
     assert [(lay.param, lay.index, lay.packed_shape) for lay in layouts] == [("B", 1, (2, 2, 4, 16, 16))]
-    np.testing.assert_allclose(apply.run(module, pack_arguments(layouts, args))[-1], want, rtol=1e-4)
+    np.testing.assert_allclose(program.run(module, pack_arguments(layouts, args))[-1], want, rtol=1e-4)
 
 
 def test_which_arguments_can_be_packed():
@@ -95,10 +95,10 @@ def test_random_programs_with_packed_conv_weights_are_correct(name):
     states = sample_initial_population(task, generate_sketches(task), 6, random.Random(2))
     packed = [s for s in states if any(stage.packed for stage in s.stages)]
     assert packed, "constant weights of tiled stages are always packed"
-    args = apply.random_inputs(task, seed=5)
+    args = program.random_inputs(task, seed=5)
     want = wl.reference(args[:-1])[-1]
     for state in packed[:3]:
-        module, layouts = apply.build_kernel(task, state)
+        module, layouts = program.build_kernel(task, state)
         assert [lay.param for lay in layouts] == [task.compute_dag.param_names[1]]
-        got = apply.run(module, pack_arguments(layouts, args))[-1]
+        got = program.run(module, pack_arguments(layouts, args))[-1]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 import tvm
 
-from ansor import StepError, apply
-from ansor.access import IterKind
-from ansor.loop_nest import AttachKind
-from ansor.loop_state import State
-from ansor.search_task import SearchTask
-from ansor.transform_steps import step_from_json, steps_to_json
-from ansor.workloads import get_workload
+from ansor import StepError
+from ansor.task import program
+from ansor.state.access import IterKind
+from ansor.state.loop_nest import AttachKind
+from ansor.state.loop_state import State
+from ansor.task.search_task import SearchTask
+from ansor.state.transform_steps import step_from_json, steps_to_json
+from ansor.task.workloads import get_workload
 
 
 def matmul_512(s: State) -> None:
@@ -101,10 +102,10 @@ def test_cases_use_all_14_steps():
 def test_replay_compiles_and_matches_numpy(name):
     task, state = scheduled(name)
     task.compute_dag.replay(state, verify=True)  # every loop extent agrees with the State
-    module = apply.build(task, state)
-    args = apply.random_inputs(task, seed=1)
+    module = program.build(task, state)
+    args = program.random_inputs(task, seed=1)
     expected = get_workload(name).reference(args[: len(args) - 1])
-    got = apply.run(module, args)
+    got = program.run(module, args)
     np.testing.assert_allclose(got[-1], expected[-1], rtol=1e-4, atol=1e-4)
 
 
@@ -208,8 +209,8 @@ def test_a_reduction_is_computed_under_the_loop_of_all_its_consumers():
     s.annotate(norm, 1, "vectorize")
     mod = task.compute_dag.replay(s, verify=True).mod
     assert mod.script().count("T.parallel(") == 1
-    args = apply.random_inputs(task, seed=1)
-    got = apply.run(apply.build(task, s), args)
+    args = program.random_inputs(task, seed=1)
+    got = program.run(program.build(task, s), args)
     want = get_workload("softmax-64x128").reference(args[:-1])[-1]
     np.testing.assert_allclose(got[-1], want, rtol=1e-5, atol=1e-6)
 
@@ -315,5 +316,5 @@ def test_a_vectorized_loop_is_replayed_in_power_of_two_vectors(lanes, pieces):
     else:
         assert f"T.vectorized({lanes})" not in text and f"T.vectorized({piece})" in text and pieces in text
     a, b = (np.random.default_rng(0).random(shape, dtype="float32") for shape in ((8, 8), (8, 2 * lanes)))
-    c = apply.run(apply.build(task, s), [a, b, np.zeros((8, 2 * lanes), "float32")])[2]
+    c = program.run(program.build(task, s), [a, b, np.zeros((8, 2 * lanes), "float32")])[2]
     np.testing.assert_allclose(c, a @ b, rtol=1e-5)

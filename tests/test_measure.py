@@ -13,15 +13,15 @@ import ray
 import tvm
 from tvm import te
 
-from ansor.apply import time_module, time_runs
+from ansor.task.program import time_module, time_runs
 from ansor.errors import AnsorError
 from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer, ProgressLogger, RecordToFile
 from ansor.measure.builder import RayBuilder
 from ansor.measure.ray_session import current_node
 from ansor.measure.runner import RunConfig
 from ansor.measure.runner_pool import RunnerPool
-from ansor.records import load_records
-from ansor.search_task import SearchTask
+from ansor.log.records import load_records
+from ansor.task.search_task import SearchTask
 
 CUDA = {"kind": "cuda", "arch": "sm_80"}
 

@@ -8,14 +8,14 @@ import numpy as np
 import ray
 from tvm import te
 
-from ansor import apply
+from ansor.task import program
 from ansor.cost_model import RandomModel
 from ansor.measure import ErrorNo, ProgramMeasurer
 from ansor.measure.builder import build_program
 from ansor.measure.check import compare_outputs
 from ansor.measure.runner import RunConfig, Runner
 from ansor.measure.shipping import ship, task_key
-from ansor.search_task import SearchTask
+from ansor.task.search_task import SearchTask
 from ansor.sketch.policy import SketchPolicy
 
 TARGET = "llvm -num-cores=2"
@@ -29,10 +29,10 @@ def candidates(task: SearchTask, n: int) -> list:
 def test_scaled_outputs_fail_and_reordered_reductions_pass():
     for name in ("softmax-4x1024", "conv2d-nhwc-small", "matmul-128"):
         task = SearchTask.from_workload(name, TARGET)
-        args = apply.random_inputs(task)
-        want = apply.run(apply.build(task, None), args)
+        args = program.random_inputs(task)
+        want = program.run(program.build(task, None), args)
         for state in candidates(task, 4):  # tiled, unrolled, vectorized, rfactor-ed: reductions reordered
-            got = apply.run(apply.build(task, state), args)
+            got = program.run(program.build(task, state), args)
             assert compare_outputs(got, want) == "", (name, state.steps)
         for factor in (0.5, 1.5):
             scaled = want[:-1] + [want[-1] * np.float32(factor)]
@@ -41,7 +41,7 @@ def test_scaled_outputs_fail_and_reordered_reductions_pass():
     # Why the tolerance must scale: softmax-4x1024 outputs are ~1e-3, and the former fixed tolerance
     # (rtol = atol = 1e-3) took half of them for the real thing.
     softmax = SearchTask.from_workload("softmax-4x1024", TARGET)
-    out = apply.run(apply.build(softmax, None), apply.random_inputs(softmax))[-1]
+    out = program.run(program.build(softmax, None), program.random_inputs(softmax))[-1]
     assert out.max() < 2e-3 and np.allclose(out * 0.5, out, rtol=1e-3, atol=1e-3)
 
 

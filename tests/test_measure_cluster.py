@@ -8,7 +8,7 @@ from ray.cluster_utils import Cluster
 
 from ansor.measure import ErrorNo, ProgramMeasurer
 from ansor.measure.ray_session import loopback_only
-from ansor.search_task import SearchTask
+from ansor.task.search_task import SearchTask
 
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 100 * 2 ** 20}
 

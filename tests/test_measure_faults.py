@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer
-from ansor.search_task import SearchTask
+from ansor.task.search_task import SearchTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
 from fault_programs import big_copy, crashing, endless, lying_scan  # noqa: E402  (shared with fault_report.py)

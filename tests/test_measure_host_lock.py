@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TUNER = textwrap.dedent("""
     import json, logging, os, sys, time
     from ansor.measure import MeasureInput, ProgramMeasurer
-    from ansor.search_task import SearchTask
+    from ansor.task.search_task import SearchTask
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     me, other, out = sys.argv[1:]

@@ -15,7 +15,7 @@ import ray
 
 from ansor.measure import ErrorNo, MeasureInput, MeasureResult, ProgramMeasurer, program_results
 from ansor.measure.builder import RayBuilder
-from ansor.search_task import SearchTask
+from ansor.task.search_task import SearchTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
 from fault_programs import big_copy  # noqa: E402  (shared with scripts/bench/fault_report.py)

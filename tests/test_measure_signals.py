@@ -11,12 +11,12 @@ import time
 
 import psutil
 
-from ansor.records import load_records
+from ansor.log.records import load_records
 
 SCRIPT = textwrap.dedent("""
     import sys
     from ansor.measure import MeasureInput, ProgramMeasurer, RecordToFile
-    from ansor.search_task import SearchTask
+    from ansor.task.search_task import SearchTask
 
     task = SearchTask.from_workload("matmul-128")
     inputs = []

@@ -21,13 +21,13 @@ import tvm_ffi
 from tvm import relax
 
 from ansor.errors import AnsorError, RecordError
-from ansor.layout_rewrite import packed_layouts
-from ansor.measurement import MeasureResult
+from ansor.state.layout_rewrite import packed_layouts
+from ansor.log.measurement import MeasureResult
 from ansor.networks import (
     Network, NetworkError, TensorSpec, apply_best, apply_history_best, build, check_against_default,
     compare_outputs, extract, extract_tasks, get_network, load_onnx, network_names, profile_calls, schedule_task,
 )
-from ansor.records import RecordWriter
+from ansor.log.records import RecordWriter
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.target import physical_cores
 
@@ -298,9 +298,9 @@ def _copy_funcs() -> dict[str, tvm.tirx.PrimFunc]:
 
 
 def test_copy_schedule_tiles_a_transpose_and_vectorizes_a_split_and_a_transposed_reshape():
-    from ansor.apply import arg_specs, run
+    from ansor.task.program import arg_specs, run
     from ansor.networks import copy_schedule
-    from ansor.search_task import SearchTask
+    from ansor.task.search_task import SearchTask
 
     funcs = _copy_funcs()
     scheduled = {name: copy_schedule(f, 2, 32) for name, f in funcs.items()}
@@ -327,7 +327,7 @@ def test_a_transpose_with_a_long_strided_innermost_loop_is_vectorized_in_pieces(
 
     from tvm import te, topi
 
-    from ansor.apply import run
+    from ansor.task.program import run
     from ansor.networks import copy_schedule
     from ansor.sketch.annotation import MAX_VECTORIZE_LANES
 

@@ -1,4 +1,4 @@
-"""Tests for ansor.records: writing, crash tolerance, self-contained replay, best-of, resume and distill;
+"""Tests for ansor.log.records: writing, crash tolerance, self-contained replay, best-of, resume and distill;
 appending to logs of another version or program, the writer's lock and sync, and resume's counting.
 
 Everything uses real TVM programs (matmul-64 / matmul-32) and real states; the self-containedness check
@@ -17,12 +17,12 @@ import tvm
 import tvm_ffi
 
 from ansor.errors import RecordError
-from ansor.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
-from ansor.records import (
+from ansor.log.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.log.records import (
     RECORD_VERSION, Record, RecordWriter, best_records, distill, distinct_records, load_records, log_targets,
     other_targets_message, save_records,
 )
-from ansor.search_task import SearchTask
+from ansor.task.search_task import SearchTask
 
 FACTORS = [(2, 4), (4, 2), (8, 8), (16, 4), (4, 16), (8, 2), (2, 8), (32, 1)]
 OTHER_TARGET = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 4}
@@ -125,12 +125,12 @@ def test_fresh_process_replays_best_state_without_registry(tmp_path, task, state
 
     code = textwrap.dedent(f"""
         import json, sys
-        import ansor.workloads
+        import ansor.task.workloads
         def forbidden(*args, **kwargs):
             raise AssertionError("the log must be self-contained")
-        ansor.workloads.get_workload = forbidden
+        ansor.task.workloads.get_workload = forbidden
         import tvm_ffi
-        from ansor.records import best_records, load_records
+        from ansor.log.records import best_records, load_records
         rec = best_records(load_records({str(path)!r}))["matmul-64"]
         mod = rec.task.compute_dag.replay(rec.state).mod
         json.dump({{"hash": tvm_ffi.structural_hash(mod["main"]), "script": mod.script()}}, sys.stdout)
@@ -363,7 +363,7 @@ def test_second_writer_is_refused_across_processes(tmp_path, task, states):
     path = tmp_path / "locked.json"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
-        from ansor.records import RecordWriter
+        from ansor.log.records import RecordWriter
         with RecordWriter({str(path)!r}):
             print("open", flush=True)
             sys.stdin.readline()

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from ansor import records as records_module
+from ansor.log import records as records_module
 from ansor.cost_model import RandomModel
-from ansor.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
-from ansor.records import RecordWriter, load_records
-from ansor.search_task import SearchTask
+from ansor.log.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
+from ansor.log.records import RecordWriter, load_records
+from ansor.task.search_task import SearchTask
 from ansor.sketch.policy import SketchPolicy
 from ansor.tuning import TuningOptions, auto_schedule, feed_history
 

@@ -19,7 +19,7 @@ from tvm.script import relax as R
 
 import ansor
 from ansor.networks import NetworkError
-from ansor.records import load_records
+from ansor.log.records import load_records
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 FAST = ansor.TuningOptions(num_measures_per_round=2, cost_model="random")

@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import tvm
 
-from ansor.loop_nest import AttachKind
-from ansor.access import IterKind
-from ansor import apply
-from ansor.search_task import SearchTask
+from ansor.state.loop_nest import AttachKind
+from ansor.state.access import IterKind
+from ansor.task import program
+from ansor.task.search_task import SearchTask
 from ansor.sketch import annotation
 from ansor.sketch.annotation import RegisterFile, factorizations, fill_tile_sizes, fits_registers, sample_cpu_program
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.sketch.evolution import evolutionary_search, mutate_parallel, mutate_tile_size
 from ansor.sketch.rules import Cond, SketchRule
-from ansor.workloads import get_workload
+from ansor.task.workloads import get_workload
 
 # Sketches and annotation depend on the core count: name it (this CPU's mcpu, so the programs run here).
 TARGET = "llvm -num-cores=2"
@@ -156,10 +156,10 @@ def test_random_programs_compute_a_softmax_row_by_row(monkeypatch):
                                           for st in s.stages)]
     assert vectorized
     wl = get_workload("softmax-128x128")
-    args = apply.random_inputs(task, seed=2)
+    args = program.random_inputs(task, seed=2)
     for state in vectorized[:2]:
         task.compute_dag.replay(state, verify=True)
-        got = apply.run(apply.build(task, state), args)
+        got = program.run(program.build(task, state), args)
         np.testing.assert_allclose(got[-1], wl.reference(args[:-1])[-1], rtol=1e-5, atol=1e-6)
     monkeypatch.setattr(annotation, "P_FOLLOW_CONSUMERS", 0.0)
     assert sum(map(_row_fused, sample(300))) < len(fused) / 2
@@ -193,8 +193,8 @@ def test_random_programs_compute_the_right_answer():
     wl = get_workload("conv2d-bias-relu")
     rng = random.Random(3)
     for state in sample_initial_population(task, generate_sketches(task), 4, rng):
-        args = apply.random_inputs(task, seed=2)
-        got = apply.run(apply.build(task, state), args)
+        args = program.random_inputs(task, seed=2)
+        got = program.run(program.build(task, state), args)
         np.testing.assert_allclose(got[-1], wl.reference(args[:-1])[-1], rtol=1e-4, atol=1e-4)
 
 
@@ -234,9 +234,9 @@ def test_parallel_mutation_changes_the_parallel_loop_and_stays_valid(wkl):
         task.compute_dag.replay(child, verify=True)  # TensorIR builds the same loops as the State
         changed += 1
     assert changed >= 6
-    args = apply.random_inputs(task, seed=2)
-    got = apply.run(apply.build(task, child), args)
-    want = apply.run(apply.build(task, None), args)
+    args = program.random_inputs(task, seed=2)
+    got = program.run(program.build(task, child), args)
+    want = program.run(program.build(task, None), args)
     np.testing.assert_allclose(got[-1], want[-1], rtol=1e-4, atol=1e-4)
 
 

@@ -5,8 +5,8 @@ from dataclasses import fields
 import pytest
 
 from ansor import AnsorError, StepError
-from ansor.search_task import SearchTask
-from ansor.transform_steps import (
+from ansor.task.search_task import SearchTask
+from ansor.state.transform_steps import (
     STEP_TYPES, AnnotationStep, CacheReadStep, CacheWriteStep, ComputeAtStep, ComputeInlineStep,
     ComputeRootStep, FollowFusedSplitStep, FollowSplitStep, FuseStep, LayoutRewriteStep, PragmaStep, ReorderStep,
     RfactorStep, SplitStep, Step, StorageAlignStep, step_from_json, step_to_json,

@@ -79,7 +79,7 @@ def test_tiny_network_end_to_end(tuned):
 
 def test_each_task_measures_its_default_schedule_first(tuned):
     from ansor.networks import default_state, extract_tasks, get_network
-    from ansor.records import load_records
+    from ansor.log.records import load_records
     from ansor.target import host_target
 
     log, proc = tuned

@@ -1,4 +1,4 @@
-"""Tests for ansor.workloads: name parsing, shapes, stage structure, and TVM output vs numpy reference.
+"""Tests for ansor.task.workloads: name parsing, shapes, stage structure, and TVM output vs numpy reference.
 
 Numerical checks compile the untuned PrimFunc for LLVM, so they stay on shapes that run in well under
 a second with naive loops; the large registered shapes (C3D, the -b16 variants) are only built, and
@@ -14,9 +14,9 @@ import pytest
 import tvm
 from tvm import te
 
-from ansor import workloads as W
+from ansor.task import workloads as W
 from ansor.errors import AnsorError, WorkloadError
-from ansor.workloads import Workload, get_workload, register_workload, workload_names
+from ansor.task.workloads import Workload, get_workload, register_workload, workload_names
 
 PATTERNS = {"matmul-N", "matmul-MxNxK", "matmul-relu-N", "matmul-relu-MxNxK", "softmax-MxN"}
 SUITE = ("C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM")

@@ -112,7 +112,7 @@ def tune_metaschedule(extraction, target, trials: int, work_dir: str):
 
 def records_until(log: Path, deadline: float, out: Path) -> int:
     """Copy the records of ``log`` measured before ``deadline`` (unix time) to ``out``; returns how many."""
-    from ..records import RecordWriter, load_records
+    from ..log.records import RecordWriter, load_records
     kept = [r for r in load_records(log) if r.result.timestamp <= deadline]
     out.unlink(missing_ok=True)
     with RecordWriter(out) as writer:
@@ -127,7 +127,7 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
     measurement; none without ``checkpoints``), the final tuned build and the default build (``default``,
     when already built); returns the tuned build and its outputs."""
     from ..networks import apply_best, apply_history_best, build, profile_calls, run, time_network
-    from ..records import load_records
+    from ..log.records import load_records
     net = extraction.network
     minutes = (max((r.result.timestamp for r in load_records(log)), default=start) - start) / 60
     for m in [c for c in checkpoints if c < minutes] + ([minutes] if checkpoints else []):
@@ -171,7 +171,7 @@ def alternate(report: ModelReport, tuned, extraction, onnx: Path, feed: dict, th
 def breakdown(report: ModelReport, extraction, log: Path, target) -> None:
     """Per task: its time in the tuned build (from the call profile), alone (the log's best records) and
     GFLOPS in the network; and the other functions the VM calls, by time."""
-    from ..records import best_records, load_records
+    from ..log.records import best_records, load_records
     best = best_records(load_records(log, target=target))
     profile = report.profile
     in_tasks = set()
@@ -199,7 +199,7 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
         print(f"{name}: tuning for up to {args.minutes:g} minutes ...", flush=True)
         report.tuning_s, report.trials = tune(onnx, log, args.minutes, args.n_trials)
     else:
-        from ..records import load_records
+        from ..log.records import load_records
         records = load_records(log)
         report.trials = len(records)
         start = min((r.result.timestamp for r in records), default=start)

@@ -186,7 +186,7 @@ def _run_gemm(m: int, n: int, k: int, threads: int, seconds: float, repeat_s: fl
 def numpy_gemm_gflops(m: int, n: int, k: int, threads: int, seconds: float = 1.0, median: bool = False,
                       kernels: str = "") -> float:
     """numpy's fp32 ``(m x k) @ (k x n)`` (OpenBLAS) with ``threads`` threads: the best of ~0.1 s repeats, or
-    with ``median`` the median of 0.2 s repeats (the statistic :func:`ansor.apply.time_module` reports).
+    with ``median`` the median of 0.2 s repeats (the statistic :func:`ansor.task.program.time_module` reports).
 
     Timed in a fresh process that imports numpy alone: in a process that imported TVM, ``tvm_ffi`` has
     imported torch when it is installed, and from then on OpenBLAS's 2-thread sgemm ran at 11-15 GFLOPS

@@ -25,7 +25,7 @@ class NetworkEvaluation:
 
 def tuned_task_count(tasks, log: os.PathLike | Sequence[os.PathLike], target) -> int:
     """How many of ``tasks`` have a valid record in the log or logs (for ``target``)."""
-    from ..records import best_records, load_records
+    from ..log.records import best_records, load_records
     best = best_records(load_records(log, target=target))
     return sum(1 for t in tasks if t.workload_key in best)
 

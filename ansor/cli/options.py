@@ -34,10 +34,10 @@ def tuning_options(args: argparse.Namespace, callbacks: Sequence = ()):
 
 
 def open_database(path: Optional[str]):
-    """The :class:`~ansor.database.Database` of ``--database DIR``, or ``None``."""
+    """The :class:`~ansor.log.database.Database` of ``--database DIR``, or ``None``."""
     if not path:
         return None
-    from ..database import Database
+    from ..log.database import Database
     return Database(path)
 
 

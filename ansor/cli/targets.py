@@ -56,7 +56,7 @@ def add_log_target_arg(parser: argparse.ArgumentParser) -> None:
 
 def log_target(paths: Sequence[os.PathLike], keys: Optional[set[str]] = None) -> Optional[str]:
     """The target most records in ``paths`` were measured for (only records of ``keys`` if given)."""
-    from ..records import load_records
+    from ..log.records import load_records
     counts = Counter(rec.task.target_str for rec in load_records(list(paths))
                      if keys is None or rec.workload_key in keys)
     return counts.most_common(1)[0][0] if counts else None

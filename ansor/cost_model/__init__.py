@@ -1,4 +1,4 @@
-"""Cost models: rank candidate programs so only promising ones are measured (see DESIGN.md).
+"""Cost models: rank candidate programs so only promising ones are measured (docs/design.md).
 
 ``CostModel`` is the interface the search uses; ``RandomModel`` the baseline; ``XGBModel`` Ansor's
 pack-sum XGBoost model over per-store features (computed from the State by ``StateFeatureExtractor``, or

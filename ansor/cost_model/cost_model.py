@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Sequence, Union
 import numpy as np
 
 from ..errors import AnsorError
-from ..loop_state import State
-from ..measurement import MeasureInput, MeasureResult
-from ..search_task import SearchTask
+from ..state.loop_state import State
+from ..log.measurement import MeasureInput, MeasureResult
+from ..task.search_task import SearchTask
 
 PathLike = Union[str, "os.PathLike[str]"]
 

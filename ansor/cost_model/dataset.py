@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..measurement import MAX_COST
+from ..log.measurement import MAX_COST
 from .objective import Packs
 
 

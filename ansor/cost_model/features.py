@@ -33,8 +33,8 @@ from tvm.s_tir.meta_schedule.feature_extractor import PerStoreFeature
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
 from ..errors import StepError, short_message
-from ..loop_state import State
-from ..search_task import SearchTask
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
 from ..target import physical_cores
 
 logger = logging.getLogger("ansor")

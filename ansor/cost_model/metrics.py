@@ -12,7 +12,7 @@ from typing import Hashable, Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
-from ..measurement import MAX_COST
+from ..log.measurement import MAX_COST
 
 #: Pairs compared per block when counting ordered pairs (bounds memory at ~2 M booleans per block).
 _BLOCK = 2048

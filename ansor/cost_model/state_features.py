@@ -2,7 +2,7 @@
 
 TVM's C++ ``PerStoreFeature`` needs each state replayed onto an ``s_tir.Schedule`` first (~1.75 ms for
 matmul in Python) and then costs 1.6 ms (matmul) to 7 ms (conv) per program, while the search scores ~750
-programs a round. Our :class:`~ansor.loop_state.State` already holds what Ansor's C++ extractor read from
+programs a round. Our :class:`~ansor.state.loop_state.State` already holds what Ansor's C++ extractor read from
 its lowered program: every loop with its extent, annotation, pragma and the block variables it walks
 (with strides), and every access as an affine index. So one row per live stage (a store of the lowered
 program) is computed here in Python at a fraction of that cost (``scripts/bench/bench_cost_model.py``).
@@ -10,7 +10,7 @@ program) is computed here in Python at a fraction of that cost (``scripts/bench/
 A stage's loop nest is its own loops under the loops of the stages it is computed at; those outer loops
 are translated into the stage's own variables through the buffer the two stages share, so footprints
 and strides are exact for the usual tiled nests (TensorIR's bounding boxes, like
-:func:`~ansor.access.var_ranges`).
+:func:`~ansor.state.access.var_ranges`).
 
 Row layout (``FEATURE_NAMES`` names every column; counts and sizes are ``log2(1 + x)``):
 
@@ -37,12 +37,12 @@ from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
-from ..access import Access, IterKind
+from ..state.access import Access, IterKind
 from ..errors import StepError
-from ..layout_rewrite import packed_layout
-from ..loop_nest import AttachKind
-from ..loop_state import State
-from ..search_task import SearchTask
+from ..state.layout_rewrite import packed_layout
+from ..state.loop_nest import AttachKind
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
 from .features import ExtractStats
 
 #: Buffers described per store (the largest footprints first; fewer are zero-padded).

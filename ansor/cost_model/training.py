@@ -18,8 +18,8 @@ import numpy as np
 import tvm
 
 from ..errors import RecordError, StepError
-from ..measurement import MAX_COST, MeasureInput, MeasureResult
-from ..records import PathLike, Record, load_records
+from ..log.measurement import MAX_COST, MeasureInput, MeasureResult
+from ..log.records import PathLike, Record, load_records
 from ..target import parse_target, target_to_str
 from .cost_model import CostModel
 from .metrics import pairwise_accuracy, spearman_by_group, top_k_recall

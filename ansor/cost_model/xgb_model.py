@@ -25,9 +25,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import xgboost as xgb
 
-from ..loop_state import State
-from ..measurement import MAX_COST, MeasureInput, MeasureResult
-from ..search_task import SearchTask
+from ..state.loop_state import State
+from ..log.measurement import MAX_COST, MeasureInput, MeasureResult
+from ..task.search_task import SearchTask
 from ..target import physical_cores
 from .cost_model import CostModel, CostModelError, PathLike, write_model_file
 from .dataset import TrainingSet

@@ -1,13 +1,13 @@
 """Measurement: building and timing candidates on Ray, with Ansor's error codes and timeouts.
 
-The data types live in the core (:mod:`ansor.measurement`) and are re-exported here; everything that needs
+The data types live in the core (:mod:`ansor.log.measurement`) and are re-exported here; everything that needs
 Ray (:class:`ProgramMeasurer` and the builders and runners behind it) is imported on first use.
 """
 
 from importlib import import_module
 from typing import Any
 
-from ..measurement import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span, program_results
+from ..log.measurement import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span, program_results
 
 _LAZY = {
     "ProgramBuilder": ".measurer",

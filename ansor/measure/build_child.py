@@ -1,7 +1,7 @@
 """The process of an isolated build (:class:`~ansor.measure.memory_cap.IsolatedBuild`).
 
 Reads the pickled (task, steps, cap) from stdin, says it is ready once TVM is imported, builds under the
-cap and pickles the :class:`~ansor.measurement.BuildResult` to stdout. It dies with the worker that started it.
+cap and pickles the :class:`~ansor.log.measurement.BuildResult` to stdout. It dies with the worker that started it.
 """
 
 from __future__ import annotations

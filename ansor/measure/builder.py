@@ -29,13 +29,13 @@ import ray
 import tvm
 from tvm.support import cc as tvm_cc
 
-from .. import apply
+from ..task import program
 from ..errors import StepError, short_message
-from ..loop_state import State
-from ..measurement import BuildResult, ErrorNo, error_text
-from ..search_task import SearchTask
+from ..state.loop_state import State
+from ..log.measurement import BuildResult, ErrorNo, error_text
+from ..task.search_task import SearchTask
 from ..target import is_gpu
-from ..transform_steps import Step
+from ..state.transform_steps import Step
 from .memory_cap import IsolatedBuild, capped, default_cap_bytes, oom_result
 from .ray_session import current_node, node_alive
 from .shipping import TaskHandle, ship, task_key
@@ -66,7 +66,7 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap:
 
     try:
         state = None if steps is None else task.compute_dag.init_state().with_steps(steps)
-        mod, packed = apply.kernel(task, state)
+        mod, packed = program.kernel(task, state)
     except StepError as err:
         return failed(ErrorNo.INSTANTIATION_ERROR, error_text(err))
     except Exception as err:  # a bug in replay rather than a bad state: keep the trace

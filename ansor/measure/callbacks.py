@@ -12,7 +12,7 @@ import os
 from typing import Protocol, Sequence, Union
 
 from ..errors import short_message
-from ..measurement import ErrorNo, MeasureInput, MeasureResult
+from ..log.measurement import ErrorNo, MeasureInput, MeasureResult
 
 logger = logging.getLogger("ansor")
 
@@ -22,10 +22,10 @@ class MeasureCallback(Protocol):
 
 
 class RecordToFile:
-    """Append every result to a tuning log (one flushed JSON line each, see :mod:`ansor.records`)."""
+    """Append every result to a tuning log (one flushed JSON line each, see :mod:`ansor.log.records`)."""
 
     def __init__(self, path: Union[str, os.PathLike]):
-        from ..records import RecordWriter  # the records module needs TVM's JSON; import it on use
+        from ..log.records import RecordWriter  # the records module needs TVM's JSON; import it on use
         self._writer = RecordWriter(path)
 
     def __call__(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None:

@@ -28,8 +28,8 @@ from typing import Callable, ContextManager, Iterable, Optional, Protocol, Seque
 import ray
 
 from ..errors import AnsorError, short_message
-from ..measurement import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
-from ..search_task import SearchTask
+from ..log.measurement import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
+from ..task.search_task import SearchTask
 from ..target import is_gpu
 from .builder import DEFAULT_BUILD_TIMEOUT, BuildJob, RayBuilder
 from .callbacks import MeasureCallback

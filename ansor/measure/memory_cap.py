@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 import psutil
 
 from ..errors import short_message
-from ..measurement import BuildResult, ErrorNo
+from ..log.measurement import BuildResult, ErrorNo
 
 if TYPE_CHECKING:
-    from ..search_task import SearchTask
-    from ..transform_steps import Step
+    from ..task.search_task import SearchTask
+    from ..state.transform_steps import Step
 
 #: The smallest default cap: TVM and Ray alone need about half of it.
 MIN_CAP_BYTES = 2 * 2 ** 30

@@ -18,9 +18,9 @@ import numpy as np
 import ray
 import tvm
 
-from .. import apply
-from ..layout_rewrite import PackedLayout, pack_arguments
-from ..measurement import ErrorNo, MAX_COST, error_text
+from ..task import program
+from ..state.layout_rewrite import PackedLayout, pack_arguments
+from ..log.measurement import ErrorNo, MAX_COST, error_text
 from .check import compare_outputs
 from .ray_session import current_node
 from .shipping import TaskHandle
@@ -34,7 +34,7 @@ class RunConfig:
     a first single run (the probe) gives the count of runs per repeat, so a 10 µs kernel runs ~10^4 times
     per repeat while a 50 ms one runs twice; ``number`` is the least count. With ``enable_cpu_cache_flush`` the
     CPU caches are flushed of every argument but the first before *each run* (so each repeat is the mean of
-    that many single runs, at most ``apply.MAX_COLD_RUNS``): in a network the input was just written by the
+    that many single runs, at most ``program.MAX_COLD_RUNS``): in a network the input was just written by the
     previous call while the weights and other operands come cold from memory. Ansor flushed once per repeat
     of ``number`` runs, which times all but the first run with hot weights: BERT-base's dense layers ran
     10 % slower in the network than their logged times, while flushed single runs were within 1-5 % of
@@ -82,7 +82,7 @@ class Runner:
 
     def __init__(self, device: str):
         self._device = tvm.device(device, 0)
-        self._flush = apply.CACHE_FLUSH if device == "cpu" else ""
+        self._flush = program.CACHE_FLUSH if device == "cpu" else ""
         self._node = current_node()
         self._inputs: dict[str, list[np.ndarray]] = {}
         self._references: dict[str, list[np.ndarray]] = {}
@@ -137,8 +137,8 @@ class Runner:
             if costs[0] <= config.slow_factor * best_cost:
                 # The count comes from the probe: TVM's own min_repeat_ms loop would re-run a whole repeat
                 # whenever it falls just short of the minimum, doubling the time spent on most candidates.
-                number = apply.runs_per_repeat(costs[0], config.min_repeat_ms, least=config.number)
-                costs = apply.time_runs(module, self._device, args, number, config.repeat, flush)
+                number = program.runs_per_repeat(costs[0], config.min_repeat_ms, least=config.number)
+                costs = program.time_runs(module, self._device, args, number, config.repeat, flush)
         except Exception as err:
             return self._error(ErrorNo.RUNTIME_DEVICE, error_text(err), start)
         return RunReply(costs, int(ErrorNo.NO_ERROR), "", start, time.time(), self._node)
@@ -147,7 +147,7 @@ class Runner:
     def _args(self, handle: TaskHandle, packed: tuple[PackedLayout, ...] = ()) -> list[tvm.runtime.Tensor]:
         inputs = self._inputs.get(handle.key)
         if inputs is None:
-            inputs = self._inputs[handle.key] = apply.random_inputs(handle.get())
+            inputs = self._inputs[handle.key] = program.random_inputs(handle.get())
         return [tvm.runtime.tensor(a, self._device) for a in pack_arguments(packed, inputs)]
 
     def _reference(self, key: str, holder: tuple) -> list[np.ndarray]:

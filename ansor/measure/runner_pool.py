@@ -32,8 +32,8 @@ from typing import Callable, Iterable, Iterator, Optional
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..layout_rewrite import PackedLayout
-from ..measurement import ErrorNo, MAX_COST, error_text
+from ..state.layout_rewrite import PackedLayout
+from ..log.measurement import ErrorNo, MAX_COST, error_text
 from .ray_session import alive_nodes, current_node, node_alive
 from .runner import RunConfig, Runner, RunReply
 from .shipping import TaskHandle

@@ -1,6 +1,6 @@
 """Getting SearchTasks to Ray workers cheaply.
 
-A task travels as its PrimFunc's JSON text (see :class:`~ansor.search_task.SearchTask`); parsing it back
+A task travels as its PrimFunc's JSON text (see :class:`~ansor.task.search_task.SearchTask`); parsing it back
 and analysing the ComputeDAG costs milliseconds, which would add up over thousands of candidates. So the
 driver puts each task in the object store once per batch and sends a :class:`TaskHandle` (a key plus the
 reference, nested so Ray does not fetch and unpickle it for every call); each worker process keeps the
@@ -15,7 +15,7 @@ from typing import Iterable
 
 import ray
 
-from ..search_task import SearchTask
+from ..task.search_task import SearchTask
 
 #: Tasks kept per worker process; a network has a few dozen.
 _CACHE_SIZE = 128

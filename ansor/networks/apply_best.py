@@ -7,7 +7,7 @@ where every PrimFunc of every task is the scheduled one. Everything else gets a 
 single-threaded code; pure reshapes stay as they are, because the Relax VM turns them into free views.
 :func:`apply_history_best` does the same from a tuning log.
 
-A schedule that reads a constant weight packed (:mod:`ansor.layout_rewrite`) gets the weight packed here,
+A schedule that reads a constant weight packed (:mod:`ansor.state.layout_rewrite`) gets the weight packed here,
 once, with numpy: the call passes the packed constant to the kernel, and no packing runs at inference.
 Where a call passes that weight as an argument instead (weights not bound), the PrimFunc keeps its
 packing block and packs at every call.
@@ -24,14 +24,14 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .. import apply
+from ..task import program
 from ..errors import AnsorError, StepError, short_message
-from ..layout_rewrite import PackedLayout
-from ..loop_state import State
-from ..records import best_records, load_records
-from ..search_task import SearchTask
+from ..state.layout_rewrite import PackedLayout
+from ..state.loop_state import State
+from ..log.records import best_records, load_records
+from ..task.search_task import SearchTask
 from ..target import is_gpu, parse_target
-from ..transform_steps import Step
+from ..state.transform_steps import Step
 from .default_schedule import copy_schedule, default_state, default_tir_schedule
 from .extract import NetworkTask, is_reshape, standalone
 from .network import NetworkError
@@ -64,8 +64,8 @@ def schedule_task(task: SearchTask, schedule: Schedule) -> ScheduledFunc:
     if isinstance(schedule, tvm.tirx.PrimFunc):
         return ScheduledFunc(schedule, schedule)
     state = schedule if isinstance(schedule, State) else task.compute_dag.state_from_steps(schedule)
-    full = apply.schedule(task, state)
-    kernel, layouts = apply.kernel(task, state, full)
+    full = program.schedule(task, state)
+    kernel, layouts = program.kernel(task, state, full)
     return ScheduledFunc(full["main"], kernel["main"], tuple(layouts))
 
 

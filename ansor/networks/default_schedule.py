@@ -10,11 +10,11 @@ untuned PrimFunc gets this cheap, safe schedule instead:
   is then one vector multiply-add;
 * outer spatial loops are fused until there is enough parallelism (Ansor's rule: more than 16 per core)
   and run in parallel; the innermost contiguous spatial loop of every stage is vectorized;
-* a reduction reads its constant weights packed in its loop order (:mod:`ansor.layout_rewrite`), which the
+* a reduction reads its constant weights packed in its loop order (:mod:`ansor.state.layout_rewrite`), which the
   network build folds, so it costs nothing at inference.
 
-The schedule is an ansor :class:`~ansor.loop_state.State` built from our own steps, so it is printable,
-loggable and replayable like a tuned one. PrimFuncs that :class:`~ansor.compute_dag.ComputeDAG` cannot
+The schedule is an ansor :class:`~ansor.state.loop_state.State` built from our own steps, so it is printable,
+loggable and replayable like a tuned one. PrimFuncs that :class:`~ansor.state.compute_dag.ComputeDAG` cannot
 analyse get the same idea applied with ``tvm.s_tir.Schedule`` directly (:func:`default_tir_schedule`).
 """
 
@@ -29,12 +29,12 @@ import tvm
 from tvm import sym
 from tvm.ir.expr import TensorLoad
 
-from ..access import IterKind
+from ..state.access import IterKind
 from ..errors import AnsorError, StepError
-from ..layout_rewrite import packable_arguments
-from ..loop_nest import AttachKind
-from ..loop_state import State
-from ..search_task import SearchTask
+from ..state.layout_rewrite import packable_arguments
+from ..state.loop_nest import AttachKind
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
 from ..sketch.annotation import (
     MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, contiguous, largest_divisor_at_most, vector_lanes,
 )

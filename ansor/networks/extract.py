@@ -4,7 +4,7 @@ Legalization turns every Relax operator into a PrimFunc and fusion merges each a
 matmul, ...) with its element-wise neighbours, as Relay's fusion did for Ansor. Structurally equal
 PrimFuncs (the same subgraph at the same shapes) are one task; its weight is how often the Relax code calls
 it, because the task scheduler minimises the weighted sum of task latencies. PrimFuncs that
-:class:`~ansor.compute_dag.ComputeDAG` cannot analyse, or that compute nothing (copies, reshapes), are not
+:class:`~ansor.state.compute_dag.ComputeDAG` cannot analyse, or that compute nothing (copies, reshapes), are not
 worth a search: they are reported and left to the default schedule (see :mod:`.apply_best`).
 """
 
@@ -22,7 +22,7 @@ from tvm import relax
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
 from ..errors import AnsorError, short_message
-from ..search_task import SearchTask
+from ..task.search_task import SearchTask
 from ..target import is_gpu, parse_target
 from .network import Network, NetworkError
 from .prepare import prepare
@@ -101,7 +101,7 @@ def fuse(mod: tvm.IRModule, target: Union[str, dict, tvm.target.Target, None] = 
     """Legalize and fuse a Relax module into calls of fused PrimFuncs (TVM's ``zero`` pipeline).
 
     Each PrimFunc's arguments that are constants or weights are marked (``layout_free_buffers``), so its
-    schedule may pack them (:mod:`ansor.layout_rewrite`).
+    schedule may pack them (:mod:`ansor.state.layout_rewrite`).
     """
     target = parse_target(target)
     try:

@@ -2,7 +2,7 @@
 
 What a user brings (an ONNX export of a PyTorch model) is NCHW with OIHW weights passed as arguments; our
 CPU search does best on NHWC convolutions, and the schedule may choose each constant weight's layout
-(:mod:`ansor.layout_rewrite`). So before task extraction:
+(:mod:`ansor.state.layout_rewrite`). So before task extraction:
 
 1. **Weights become constants** (``BindParams``), when their values are known: a weight that is an
    argument cannot be packed at compile time, and a weight transpose would run at every inference.

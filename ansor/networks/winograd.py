@@ -5,7 +5,7 @@ minimal filtering does it with 16, in three steps that each become a tuning task
 
 1. the input transform ``V = B^T d B`` of every overlapping 4x4 input tile (adds and subtracts only);
 2. 16 independent matrix products ``M[t] = V[t] @ U[t]`` over the channels (a batched ``R.matmul``, which
-   the search tiles like any dense layer and whose constant ``U`` :mod:`ansor.layout_rewrite` packs);
+   the search tiles like any dense layer and whose constant ``U`` :mod:`ansor.state.layout_rewrite` packs);
 3. the output transform ``Y = A^T M A`` of each tile, with the convolution's epilogue (bias, ReLU,
    residual add) fused into it by ``FuseOps`` because it is element-wise in form.
 

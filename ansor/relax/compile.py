@@ -15,12 +15,12 @@ from typing import Optional
 import tvm
 import tvm_ffi
 
-from ..database import log_paths
+from ..log.database import log_paths
 from ..networks import NetworkTask, apply_best, apply_history_best, build, extract
 from ..networks.extract import standalone
 from ..networks.network import Network
-from ..records import best_records, load_records
-from ..search_task import LogSource, SearchTask, TargetLike, prim_func_key
+from ..log.records import best_records, load_records
+from ..task.search_task import LogSource, SearchTask, TargetLike, prim_func_key
 from ..target import parse_target, target_to_str
 from .export import Signature, attach_signature
 from .model import Params, as_network
@@ -52,7 +52,7 @@ def compile_relax(mod: tvm.IRModule, params: Params = None, log_file: Optional[L
 
     ``params`` (weights by parameter name) are bound as constants, as in :func:`~ansor.relax.tune_relax`
     (give both the same ``params`` and target, or the workload keys differ). ``log_file``: a log, a list
-    of logs, a :class:`~ansor.database.Database`, or ``None`` for the default schedules only. Run it with
+    of logs, a :class:`~ansor.log.database.Database`, or ``None`` for the default schedules only. Run it with
     ``relax.VirtualMachine(executable, tvm.cpu())[entry](*inputs)``; save it with
     :func:`~ansor.relax.export`.
     """
@@ -91,7 +91,7 @@ class ApplyHistoryBest:
     Parameters
     ----------
     log_file
-        A log, a list of logs, or a :class:`~ansor.database.Database`.
+        A log, a list of logs, or a :class:`~ansor.log.database.Database`.
     target
         The target the logs were tuned for; default: the current target context, else this host.
     default

@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 
 from ..networks.network import Network, NetworkError, TensorSpec
-from ..search_task import TargetLike
+from ..task.search_task import TargetLike
 from ..target import is_gpu, parse_target, target_to_str
 from ..version import __version__
 

@@ -5,7 +5,7 @@ cost model and one Ray measurer, measuring each task's default schedule first (s
 slower than its default build). History comes from two places:
 
 * the run's own log (``resume=True``): its records count towards ``trials`` and the run continues them;
-* a :class:`~ansor.database.Database`: a task that a log of the database tuned for this target is
+* a :class:`~ansor.log.database.Database`: a task that a log of the database tuned for this target is
   **done**: its records teach the cost model and give its best latency, but it gets no new trials and
   they do not count towards ``trials`` (the budget goes to the new tasks). So tuning ResNet-101 after
   ResNet-50 measures none of the tasks they share. With ``resume``, the run's own log (which may lie in
@@ -21,12 +21,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
 
-from ..database import Database, as_database
+from ..log.database import Database, as_database
 from ..errors import AnsorError
-from ..measurement import MeasureInput, MeasureResult
+from ..log.measurement import MeasureInput, MeasureResult
 from ..networks import NetworkTask, default_candidates, extract
-from ..records import Record, RecordWriter, load_records
-from ..search_task import TargetLike
+from ..log.records import Record, RecordWriter, load_records
+from ..task.search_task import TargetLike
 from ..tuning import TuningOptions, make_cost_model, make_measurer
 from .model import Params, as_network
 

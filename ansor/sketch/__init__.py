@@ -1,1 +1,2 @@
-"""sketch (see DESIGN.md)."""
+"""The search: sketch rules derive loop-nest sketches, random annotation fills them, evolution refines them
+(docs/design.md)."""

@@ -12,14 +12,14 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-from ..access import IterKind
+from ..state.access import IterKind
 from ..errors import StepError
-from ..layout_rewrite import packable_arguments
-from ..loop_nest import AttachKind
-from ..loop_state import Stage, State
-from ..search_task import SearchTask
+from ..state.layout_rewrite import packable_arguments
+from ..state.loop_nest import AttachKind
+from ..state.loop_state import Stage, State
+from ..task.search_task import SearchTask
 from ..target import is_gpu
-from ..transform_steps import SplitStep, consumers_beside
+from ..state.transform_steps import SplitStep, consumers_beside
 from .rules import CPU_STRUCTURE, dag_stage, has_reduce_iter, is_output, is_rfactor_stage, needs_multi_level_tiling
 
 #: The innermost tile is at most this long (Ansor's default). Vectorized loops get up to 64 lanes, as in
@@ -211,7 +211,7 @@ def _without_recomputation(state: State, stage_id: int, loops: list[tuple[int, i
 def consumers_loop(state: State, stage_id: int) -> Optional[tuple[int, int]]:
     """The loop (stage, iterator) that every consumer of the stage is computed at, the stage owning it
     aside (it may be a consumer too); None if there is none. The stage can be computed there, ahead of them
-    (what ``CA`` accepts: :func:`~ansor.transform_steps.consumers_beside`)."""
+    (what ``CA`` accepts: :func:`~ansor.state.transform_steps.consumers_beside`)."""
     placed = {state.stages[c].attach for c in state.consumers(stage_id)
               if state.stages[c].compute_at == AttachKind.ITER}
     if len(placed) != 1:
@@ -368,7 +368,7 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
 
 
 def annotate_layout_rewrite(state: State, rng: random.Random) -> None:
-    """``LR`` for the arguments each tiled root stage could read packed (see :mod:`ansor.layout_rewrite`)."""
+    """``LR`` for the arguments each tiled root stage could read packed (see :mod:`ansor.state.layout_rewrite`)."""
     for stage_id, stage in enumerate(state.stages):
         if stage.compute_at != AttachKind.ROOT or not needs_multi_level_tiling(state, stage_id):
             continue

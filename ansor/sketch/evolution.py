@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 
 from ..errors import StepError
-from ..layout_rewrite import packable_arguments
-from ..loop_nest import AttachKind
-from ..loop_state import State
-from ..search_task import SearchTask
+from ..state.layout_rewrite import packable_arguments
+from ..state.loop_nest import AttachKind
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
 from ..target import is_gpu
-from ..transform_steps import (
+from ..state.transform_steps import (
     AnnotationStep, ComputeAtStep, FuseStep, LayoutRewriteStep, PragmaStep, SplitStep, Step,
 )
 from .annotation import (

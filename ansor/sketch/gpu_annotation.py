@@ -21,10 +21,10 @@ import random
 from typing import Optional
 
 from ..errors import StepError
-from ..loop_nest import AttachKind
-from ..loop_state import State
-from ..search_task import SearchTask
-from ..transform_steps import SplitStep, Step
+from ..state.loop_nest import AttachKind
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
+from ..state.transform_steps import SplitStep, Step
 from .annotation import divisors, annotate_unroll, factorizations, outer_parallel_loops
 from .gpu_rules import has_cross_thread_reduction
 

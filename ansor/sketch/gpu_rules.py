@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..access import IterKind
-from ..loop_nest import AttachKind
-from ..loop_state import State
-from ..search_task import SearchTask
-from ..transform_steps import SplitStep
+from ..state.access import IterKind
+from ..state.loop_nest import AttachKind
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
+from ..state.transform_steps import SplitStep
 from .rules import (
     AlwaysInline, Cond, SketchRule, SkipStage, dag_stage, fuse_reduction, has_cache_write_stage, has_reduce_iter,
     is_output, multi_level_tiling, needs_multi_level_tiling, single_elementwise_consumer, space_and_reduce_length,

@@ -20,9 +20,9 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..errors import StepError
-from ..loop_nest import AttachKind
-from ..loop_state import State
-from ..search_task import SearchTask
+from ..state.loop_nest import AttachKind
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
 
 logger = logging.getLogger("ansor")
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..errors import StepError
-from ..loop_state import State
-from ..measurement import MeasureInput, MeasureResult
-from ..search_task import SearchTask
+from ..state.loop_state import State
+from ..log.measurement import MeasureInput, MeasureResult
+from ..task.search_task import SearchTask
 from ..target import is_gpu
 from .evolution import EvolutionParams, evolutionary_search
 from .gpu_verify import verify_gpu

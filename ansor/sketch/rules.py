@@ -14,10 +14,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Optional
 
-from ..access import IterKind
-from ..loop_nest import AttachKind
-from ..loop_state import State
-from ..search_task import SearchTask
+from ..state.access import IterKind
+from ..state.loop_nest import AttachKind
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
 from ..target import is_gpu
 
 

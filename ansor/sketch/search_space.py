@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from typing import Optional
 
-from ..loop_state import State
-from ..search_task import SearchTask
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
 from ..target import is_gpu
 from .annotation import sample_cpu_program
 from .gpu_annotation import sample_gpu_program

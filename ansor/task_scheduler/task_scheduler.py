@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
-from ..loop_state import State
-from ..measurement import MAX_COST
-from ..records import Record, load_records, other_targets_message
-from ..search_task import SearchTask
+from ..state.loop_state import State
+from ..log.measurement import MAX_COST
+from ..log.records import Record, load_records, other_targets_message
+from ..task.search_task import SearchTask
 from ..sketch.policy import SearchParams, SketchPolicy
 from ..tuning import feed_history, measure_round
 

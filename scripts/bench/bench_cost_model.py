@@ -37,11 +37,11 @@ from ansor.cost_model.features import make_tune_context
 from ansor.cost_model.state_features import StateFeatureExtractor
 from ansor.cost_model.training import train_from_logs
 from ansor.cost_model.xgb_model import MAX_PROGRAMS_PER_TASK
-from ansor.loop_state import State
-from ansor.measurement import ErrorNo, MeasureInput, MeasureResult
-from ansor.search_task import SearchTask
+from ansor.state.loop_state import State
+from ansor.log.measurement import ErrorNo, MeasureInput, MeasureResult
+from ansor.task.search_task import SearchTask
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
-from ansor.transform_steps import SplitStep
+from ansor.state.transform_steps import SplitStep
 
 
 def cpu_pressure() -> str:

@@ -98,7 +98,7 @@ def _timer(compute: Callable, data: np.ndarray, target) -> Callable[[], float]:
     from tvm import te
 
     from ansor.networks.default_schedule import default_state
-    from ansor.search_task import SearchTask
+    from ansor.task.search_task import SearchTask
 
     a = te.placeholder(data.shape, "float32", name="A")
     task = SearchTask(te.create_prim_func([a, compute(a)]), target)

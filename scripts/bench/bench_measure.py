@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from ansor.search_task import SearchTask
+from ansor.task.search_task import SearchTask
 
 WORKLOAD_TIMED = "matmul-512"
 WORKLOAD_SMALL = "matmul-128"
@@ -165,14 +165,14 @@ def small_states(task: SearchTask, n: int) -> list:
 IN_PROCESS = """
 import statistics, sys
 import tvm
-from ansor import apply
+from ansor.task import program
 from ansor.measure.runner import load_library
-from ansor.search_task import SearchTask
+from ansor.task.search_task import SearchTask
 number, repeat, min_repeat_ms = map(int, sys.argv[2:5])
 task = SearchTask.from_workload(sys.argv[5])
 module = load_library(open(sys.argv[1], "rb").read())
 dev = tvm.cpu(0)
-args = [tvm.runtime.tensor(a, dev) for a in apply.random_inputs(task)]
+args = [tvm.runtime.tensor(a, dev) for a in program.random_inputs(task)]
 timer = module.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                               f_preproc="cache_flush_cpu_non_first_arg")
 timer(*args)  # the first timing in a fresh process runs slow; the runner's process is warm

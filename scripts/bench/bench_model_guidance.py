@@ -36,9 +36,9 @@ class Run:
 
 
 def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) -> Run:
-    from ansor import apply
+    from ansor.task import program
     from ansor.measure import RecordToFile
-    from ansor.search_task import SearchTask
+    from ansor.task.search_task import SearchTask
     from ansor.tuning import TuningOptions, auto_schedule, make_measurer
 
     task = SearchTask.from_workload(wkl)
@@ -54,8 +54,8 @@ def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) ->
     with make_measurer(options, [RecordToFile(log), track]) as measurer:
         result = auto_schedule(task, options, measurer, model)
     wall = time.time() - t0
-    module = apply.build(task, result.best_state)
-    cost = apply.time_module(module, apply.random_inputs(task))
+    module = program.build(task, result.best_state)
+    cost = program.time_module(module, program.random_inputs(task))
     return Run(wkl, model_name, task.flop_ct / cost / 1e9, curve, wall)
 
 

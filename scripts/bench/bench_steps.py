@@ -13,7 +13,7 @@ import random
 import statistics
 import time
 
-from ansor.search_task import SearchTask
+from ansor.task.search_task import SearchTask
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 
 

@@ -41,9 +41,9 @@ class Row:
 
 
 def time_ours(wkl: str, trials: int, seed: int, cold: bool = False) -> tuple[float, float, str]:
-    from ansor import apply
+    from ansor.task import program
     from ansor.cost_model import XGBModel
-    from ansor.search_task import SearchTask
+    from ansor.task.search_task import SearchTask
     from ansor.tuning import RunnerOptions, TuningOptions, auto_schedule, make_measurer
 
     task = SearchTask.from_workload(wkl)
@@ -59,8 +59,8 @@ def time_ours(wkl: str, trials: int, seed: int, cold: bool = False) -> tuple[flo
     search = sum(r.search_s for r in rounds) / max(1, len(rounds))
     train = sum(r.train_s for r in rounds) / max(1, len(rounds))
     measure = sum(r.measure_s for r in rounds) / max(1, len(rounds))
-    module = apply.build(task, result.best_state)
-    cost = apply.time_module(module, apply.random_inputs(task), cold=False)
+    module = program.build(task, result.best_state)
+    cost = program.time_module(module, program.random_inputs(task), cold=False)
     stats, n = model.extractor.stats, max(1, len(rounds))
     note = (f"Ray start {ray_start:.1f} s; per round ({len(rounds)}): search {search:.2f} s (features "
             f"{stats.wall_s / n:.2f} s), model update {train:.2f} s, measure {measure:.2f} s")
@@ -71,8 +71,8 @@ def time_metaschedule(wkl: str, trials: int, seed: int) -> tuple[float, float, s
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from ansor import apply
-    from ansor.search_task import SearchTask
+    from ansor.task import program
+    from ansor.task.search_task import SearchTask
 
     task = SearchTask.from_workload(wkl)
     mod = tvm.IRModule({"main": task.func})
@@ -83,14 +83,14 @@ def time_metaschedule(wkl: str, trials: int, seed: int) -> tuple[float, float, s
         wall = time.time() - t0
         sch = ms.tir_integration.compile_tir(database, mod, task.target)
     module = tvm.compile(sch.mod, target=task.target).jit()
-    cost = apply.time_module(module, apply.random_inputs(task), cold=False)
+    cost = program.time_module(module, program.random_inputs(task), cold=False)
     return task.flop_ct / cost / 1e9, wall, "tune_tir, default rules and builder"
 
 
 def time_numpy(wkl: str, threads: int) -> list[Row]:
     """numpy's a @ b with the fastest OpenBLAS kernels this CPU runs (the "vs numpy" baseline), and as the
     environment configures OpenBLAS when that differs (e.g. ``OPENBLAS_CORETYPE`` pinned to older kernels)."""
-    from ansor.search_task import SearchTask
+    from ansor.task.search_task import SearchTask
     from ansor.bench.peak import numpy_gemm_gflops, openblas_kernels
 
     if not wkl.startswith("matmul-"):

@@ -51,7 +51,7 @@ class Row:
 def healthy(n: int) -> list:
     """``n`` distinct, valid matmul-128 tilings (each takes ~0.3 s to time with ``min_repeat_ms=100``)."""
     from ansor.measure import MeasureInput
-    from ansor.search_task import SearchTask
+    from ansor.task.search_task import SearchTask
     task = SearchTask.from_workload("matmul-128")
     out = []
     for f in [2, 4, 8, 16, 32, 64, 128][:n]:
@@ -64,7 +64,7 @@ def healthy(n: int) -> list:
 
 def faulty(func, unroll: bool = False):
     from ansor.measure import MeasureInput
-    from ansor.search_task import SearchTask
+    from ansor.task.search_task import SearchTask
     task = SearchTask(func)
     state = task.compute_dag.init_state()
     if unroll:
@@ -80,7 +80,7 @@ def measure_with_fault(name: str, tmp: Path, bad, expect: Optional[str], measure
     ``during(first_result)`` runs in a thread meanwhile (to kill a process once the batch is under way).
     """
     from ansor.measure import ErrorNo, ProgramMeasurer, RecordToFile
-    from ansor.records import load_records
+    from ansor.log.records import load_records
 
     log = tmp / f"{name.replace(' ', '_')}.json"
     seen = []
@@ -183,7 +183,7 @@ def lost_node(tmp: Path) -> Row:
 
     from ansor.measure import ErrorNo, ProgramMeasurer, RecordToFile
     from ansor.measure.ray_session import loopback_only
-    from ansor.records import load_records
+    from ansor.log.records import load_records
 
     log = tmp / "lost_node.json"
     seen = []
@@ -332,7 +332,7 @@ def hostile_log(tmp: Path) -> Row:
 def two_tuners_one_log(tmp: Path) -> Row:
     """Two tuners started on one log at once: one writes it, the other is refused with one line (exit 2)
     before it measures anything; every record of the one that ran is in the log, no line is torn."""
-    from ansor.records import load_records
+    from ansor.log.records import load_records
     log = tmp / "shared.json"
     procs = [tune(log, trials=8, seed=seed) for seed in (1, 2)]
     errs = [p.communicate(timeout=600)[1] for p in procs]

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluation import evaluate_network
     from ..networks import network_for_log
     from ..targets import log_target, parse_target_and_threads
-    from ...tables import format_table
+    from ..tables import format_table
     from ...networks import extract
 
     logs = [Path(p) for p in args.logs]  # each an existing, readable file: checked by the flag's type

@@ -58,7 +58,7 @@ def execute(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ...errors import RecordError
-    from ...records import load_records
+    from ...log.records import load_records
 
     log = Path(args.log)
     records = load_records(log, workload_key=args.workload, target=args.target)
@@ -108,7 +108,7 @@ def export_record(rec, out: Path, name: str) -> dict:
     """Build ``rec``'s program, write its source files under ``out`` and return its index entry."""
     import tvm
 
-    from ...apply import arg_specs
+    from ...task.program import arg_specs
     from ...errors import AnsorError
     from ...target import is_gpu
     from ...version import writer

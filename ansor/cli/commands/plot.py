@@ -71,7 +71,7 @@ class Curves:
 
 def curves(log: Path, extraction, target) -> Curves:
     """Replay the log's records of the extraction's tasks in file order."""
-    from ...records import load_records
+    from ...log.records import load_records
 
     index = {t.workload_key: i for i, t in enumerate(extraction.tasks)}
     records = [r for r in load_records(log, target=target) if r.workload_key in index]

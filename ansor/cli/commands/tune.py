@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, log) -> int:
     if not extraction.tasks:
         raise_no_tasks(net)
 
-    from ...progress import TaskTable
+    from ..progress import TaskTable
 
     table = TaskTable(extraction.tasks, args.n_trials)
     logs = [log_file, *(database.logs(exclude=[log_file]) if database else [])]
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace, log) -> int:
         tune(args, extraction, log_file, database, table)
         log.path = None
     else:
-        from ...records import distinct_records, load_records
+        from ...log.records import distinct_records, load_records
         existing = [p for p in logs if p.exists()]
         table.load(distinct_records(load_records(existing, target=target)) if existing else [])
     print("\n".join(table.render(final=True)))
@@ -171,7 +171,7 @@ def tune(args: argparse.Namespace, extraction, log_file: Path, database, table) 
 def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], table) -> int:
     from ..evaluation import evaluate_network
     from ..running import EXIT_FAILED
-    from ...tables import timing_table
+    from ..tables import timing_table
 
     where = ", ".join(map(str, logs)) or "the log"
     if not any(table.trials):

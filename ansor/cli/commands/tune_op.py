@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, log) -> int:
     # TVM sizes its thread pool once, from TVM_NUM_THREADS: set it before any kernel runs in this process.
     target = parse_target_and_threads(args.target, args.ray_address)
 
-    from ...search_task import SearchTask
+    from ...task.search_task import SearchTask
     from ...tuning import default_log_path, tune_task
     task = SearchTask.from_workload(args.wkl, target)
     database = open_database(args.database)
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, log) -> int:
     if args.resume and not log_file.exists():
         print(f"note: {log_file} does not exist yet; starting a fresh log", file=sys.stderr)
 
-    from ...progress import TrialBar
+    from ..progress import TrialBar
 
     t0 = time.time()
     log.path = log_file
@@ -107,14 +107,14 @@ def report_best(task, state, tuned_cost: float) -> int:
     """
     import tvm
 
-    from ... import apply
+    from ...task import program
     from ...measure.check import compare_outputs
     from ...target import is_gpu
-    from ...workloads import get_workload
+    from ...task.workloads import get_workload
     from ..running import EXIT_FAILED
 
     print("=" * 20, "Lowered TIR", "=" * 20)
-    print(apply.schedule(task, state)["main"].script())
+    print(program.schedule(task, state)["main"].script())
     print("=" * 20, "Evaluate", "=" * 20)
     device = tvm.cuda(0) if is_gpu(task.target) else tvm.cpu()
     if not device.exist:
@@ -122,15 +122,15 @@ def report_best(task, state, tuned_cost: float) -> int:
               f"(as measured while tuning; not re-timed: this machine has no {task.target.kind.name.upper()} "
               "device)")
         return 0
-    module = apply.build(task, state)
-    args = apply.random_inputs(task, seed=1)
-    got = apply.run(module, args, device=device)
+    module = program.build(task, state)
+    args = program.random_inputs(task, seed=1)
+    got = program.run(module, args, device=device)
     expected = get_workload(task.workload_key).reference(args[: len(args) - 1])
     mismatch = compare_outputs(got[-1:], expected[-1:])
     if mismatch:
         print(f"error: the best program's output differs from numpy's: {mismatch}", file=sys.stderr)
         return EXIT_FAILED
-    cost = apply.time_module(module, args, device=device)
+    cost = program.time_module(module, args, device=device)
     how = "" if is_gpu(task.target) else (f"; each run after a cache flush of every argument but the first, "
                                           f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}")
     print(f"Best program: {task.flop_ct / cost / 1e9:.2f} GFLOPS  cost: {cost * 1e3:.3f} ms  "

@@ -1,6 +1,6 @@
 """Iterator and Stage: the frozen loop nest of one block, as the search sees it.
 
-A :class:`~ansor.loop_state.State` holds one :class:`Stage` per block; a transform step replaces stages and
+A :class:`~ansor.state.loop_state.State` holds one :class:`Stage` per block; a transform step replaces stages and
 iterators, never edits them, so copying a state copies a list of references.
 """
 

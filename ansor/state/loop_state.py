@@ -1,9 +1,9 @@
 """State: the cheap, copyable loop structure the search mutates, one transform step at a time.
 
 A :class:`State` is a list of transform steps plus the loop structure those steps produce (one
-:class:`~ansor.loop_nest.Stage` per block). Each step knows how to change a State
-(:meth:`~ansor.transform_steps.Step.apply_to_state`); the structure mirrors what TensorIR builds when
-:mod:`ansor.replay` applies the same steps (same loops, same order, same extents), so the search can reason
+:class:`~ansor.state.loop_nest.Stage` per block). Each step knows how to change a State
+(:meth:`~ansor.state.transform_steps.Step.apply_to_state`); the structure mirrors what TensorIR builds when
+:mod:`ansor.state.replay` applies the same steps (same loops, same order, same extents), so the search can reason
 about programs without calling TVM. ``tests/test_loop_state.py`` checks the two interpreters agree.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from .access import IterKind
-from .errors import StepError
+from ..errors import StepError
 from .loop_nest import AttachKind, Iterator, Stage, fused_kind
 from .transform_steps import (
     AnnotationStep, CacheReadStep, CacheWriteStep, CodeNames, ComputeAtStep, ComputeInlineStep, ComputeRootStep,

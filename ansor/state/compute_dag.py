@@ -1,7 +1,7 @@
 """ComputeDAG: a PrimFunc's blocks as stages, with the analysis the sketch rules need.
 
 One stage per TensorIR block, in program (topological) order. For each stage we keep its iterator
-variables, its memory accesses as affine expressions (:mod:`ansor.access`), its loops, and Ansor's
+variables, its memory accesses as affine expressions (:mod:`ansor.state.access`), its loops, and Ansor's
 predicates: strictly inlineable, needs multi-level tiling (data reuse), is output, element-wise matched
 consumers. The DAG also counts floating-point operations, which turns a measured time into GFLOPS.
 """
@@ -20,7 +20,7 @@ from tvm.ir.expr import TensorLoad
 from tvm.ir.prim import expr as E
 
 from .access import Access, Affine, BlockInfo, BlockVar, IterKind, LoopPart
-from .errors import AnsorError
+from ..errors import AnsorError
 
 if TYPE_CHECKING:
     from .loop_state import State
@@ -182,7 +182,7 @@ class ComputeDAG:
         return State.initial(self).with_steps(steps)
 
     def replay(self, state_or_steps, verify: bool = False) -> tvm.s_tir.Schedule:
-        """Apply a state's steps to a fresh ``s_tir.Schedule`` (see :mod:`ansor.replay`)."""
+        """Apply a state's steps to a fresh ``s_tir.Schedule`` (see :mod:`ansor.state.replay`)."""
         from .replay import replay
         steps = getattr(state_or_steps, "steps", state_or_steps)
         return replay(self, steps, verify=verify)

@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 import numpy as np
 import tvm
 
-from .layout_rewrite import PackedLayout, pack_arguments, packed_layouts
-from .loop_state import State
+from ..state.layout_rewrite import PackedLayout, pack_arguments, packed_layouts
+from ..state.loop_state import State
 from .search_task import SearchTask
 
 
@@ -30,7 +30,7 @@ def kernel(task: SearchTask, state: Optional[State],
            scheduled: Optional[tvm.IRModule] = None) -> tuple[tvm.IRModule, list[PackedLayout]]:
     """What measurement times: the scheduled module (``scheduled``, if the caller has it) without its
     weight-packing blocks, and the layouts its pre-packed arguments take
-    (:func:`~ansor.layout_rewrite.pack_arguments` makes them)."""
+    (:func:`~ansor.state.layout_rewrite.pack_arguments` makes them)."""
     mod = scheduled if scheduled is not None else schedule(task, state)
     layouts = packed_layouts(state) if state is not None else []
     if layouts:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class Step:
-    """Base of the transform steps; see the checklist in :mod:`ansor.transform_steps`."""
+    """Base of the transform steps; see the checklist in :mod:`ansor.state.transform_steps`."""
 
     __slots__ = ()
     #: The step's name in logs (the first element of its JSON list).

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Sequence
 
-from .errors import short_message
-from .layout_rewrite import PackedLayout
-from .loop_state import State
-from .search_task import SearchTask
+from ..errors import short_message
+from ..state.layout_rewrite import PackedLayout
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
 
 #: Cost recorded for a candidate that failed, so it sorts last everywhere.
 MAX_COST = 1e10

@@ -1,6 +1,6 @@
 """The best record of a task in its logs, and the program it schedules (Ansor's ``apply_best``/``print_best``).
 
-Functions, not methods of :class:`~ansor.search_task.SearchTask`: the task is core data that the record
+Functions, not methods of :class:`~ansor.task.search_task.SearchTask`: the task is core data that the record
 reader builds, so it cannot depend on the records itself.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import tvm
 
 from .database import log_paths
-from .errors import AnsorError, RecordError
+from ..errors import AnsorError, RecordError
 from .records import Record, best_records, load_records
-from .search_task import LogSource, SearchTask
+from ..task.search_task import LogSource, SearchTask
 
 
 def best_record(task: SearchTask, log_file: LogSource) -> Record:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from ..errors import StepError, short_repr
+from ...errors import StepError, short_repr
 from ..loop_nest import Iterator, fused_kind
 from .base import P, CodeNames, Replay, Step
 

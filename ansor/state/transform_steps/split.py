@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Optional, Sequence
 
 from ..access import split_parts
-from ..errors import StepError
+from ...errors import StepError
 from ..loop_nest import Iterator
 from .base import P, CodeNames, Replay, Step, step_to_json
 

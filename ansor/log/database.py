@@ -5,7 +5,7 @@ any of them, for the same target, starts from those records instead of from noth
 paths count them towards the task's budget (and measure nothing when it is spent); a network run treats
 such a task as done (see ``ansor.relax.tune_tasks``). Runs given a database write their own log into its
 directory by default, so the database grows with every run. :meth:`Database.distill` keeps the best
-record(s) of each task. Files are read as data (:func:`~ansor.records.load_records`), never executed.
+record(s) of each task. Files are read as data (:func:`~ansor.log.records.load_records`), never executed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 import tvm
 
-from .errors import RecordError
+from ..errors import RecordError
 from .records import Record, best_records, distill, load_records
 
 logger = logging.getLogger("ansor")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Optional
 
 from ..access import Access, Affine, BlockInfo, BlockVar, IterKind, LoopPart
-from ..errors import StepError
+from ...errors import StepError
 from ..loop_nest import AttachKind, Iterator, Stage
 from .base import P, CodeNames, Replay, Step, ident
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Optional
 
 from ..access import Access, Affine, IterKind, LoopPart, region_extents, var_ranges
-from ..errors import StepError
+from ...errors import StepError
 from ..loop_nest import AttachKind, Iterator
 from .base import P, CodeNames, Replay, Step
 from .stages import CacheReadStep

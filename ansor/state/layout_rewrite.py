@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .errors import StepError
+from ..errors import StepError
 
 if TYPE_CHECKING:
     from .loop_state import State

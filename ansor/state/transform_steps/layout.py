@@ -1,7 +1,7 @@
 """Steps about how a buffer is laid out: ``SA`` pads an output axis, ``LR`` (ours) packs an argument.
 
 ``LR`` says "the stage reads this argument through a copy laid out in its final loop order"; the layout
-follows from the loops, so replay applies it after every other step (:mod:`ansor.layout_rewrite`). Ansor
+follows from the loops, so replay applies it after every other step (:mod:`ansor.state.layout_rewrite`). Ansor
 did this for constant weights as an option of the whole DAG, not as a step.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from ..errors import StepError
+from ...errors import StepError
 from ..loop_nest import AttachKind
 from .base import P, CodeNames, Replay, Step
 

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence, TextIO
 
-from .measurement import MeasureInput, MeasureResult
+from ..log.measurement import MeasureInput, MeasureResult
 from .tables import format_table
 
 

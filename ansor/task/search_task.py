@@ -13,17 +13,15 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import tvm
 import tvm_ffi
 
-from .compute_dag import ComputeDAG
-from .target import HardwareParams, hardware_params, parse_target, target_to_str
+from ..state.compute_dag import ComputeDAG
+from ..target import HardwareParams, hardware_params, parse_target, target_to_str
 
 if TYPE_CHECKING:
-    from .database import Database
-    from .records import Record
-    from .tuning import TuneResult, TuningOptions
+    from ..log.database import Database
 
 #: Anything :func:`ansor.target.parse_target` accepts.
 TargetLike = Union[str, dict, tvm.target.Target, None]
-#: Where records are read from: a log file, several, or a :class:`~ansor.database.Database`.
+#: Where records are read from: a log file, several, or a :class:`~ansor.log.database.Database`.
 LogSource = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]], "Database"]
 
 
@@ -80,31 +78,9 @@ class SearchTask:
     def target_str(self) -> str:
         return target_to_str(self.target)
 
-    # Ansor's spelling of the workflow, as methods. The task is core data that the record reader builds, so
-    # the tuning and log layers above it are reached through the package facade (``ansor.tune_task`` etc.,
-    # loaded on first use), never imported by this module: the import graph stays one-way.
-    def tune(self, options: Optional["TuningOptions"] = None, log_file: Union[str, os.PathLike, None] = None, *,
-             database: Union["Database", str, os.PathLike, None] = None, resume: bool = True) -> "TuneResult":
-        """Tune this task (:func:`ansor.tune_task`): every measurement appended to ``log_file``."""
-        import ansor
-        return ansor.tune_task(self, options, log_file, database=database, resume=resume)
-
-    def best_record(self, log_file: LogSource) -> "Record":
-        """The fastest valid record of this task and target in a log, several logs or a database
-        (:func:`ansor.best_record`)."""
-        import ansor
-        return ansor.best_record(self, log_file)
-
-    def apply_best(self, log_file: LogSource) -> tvm.IRModule:
-        """The scheduled IRModule of the best record of this task in ``log_file`` (:func:`ansor.apply_best`)."""
-        import ansor
-        return ansor.apply_best(self, log_file)
-
-    def print_best(self, log_file: LogSource, print_mode: str = "schedule") -> str:
-        """The best schedule as code (:func:`ansor.print_best`): ``schedule`` (``s_tir.Schedule`` primitives
-        as Python) or ``tir`` (the scheduled PrimFunc as TVMScript)."""
-        import ansor
-        return ansor.print_best(self, log_file, print_mode)
+    # Ansor's spelling of the workflow as methods (``task.tune``, ``task.best_record``, ``task.apply_best``,
+    # ``task.print_best``) is added by ansor.tuning, the layer that offers it: the task is core data that the
+    # record reader builds, and imports nothing above it.
 
     def __getstate__(self) -> dict:
         # TVM objects travel as text so a task can be shipped to Ray workers and stored in logs.

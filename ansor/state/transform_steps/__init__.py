@@ -4,10 +4,10 @@ A step says *what* to do to one stage of a loop state. It is frozen data, and a 
 step list in JSON. Each step class also carries everything that reads it:
 
 =======================  ==============================================================================
-``apply_to_state``       the pure-Python :class:`~ansor.loop_state.State` (the search does this thousands
+``apply_to_state``       the pure-Python :class:`~ansor.state.loop_state.State` (the search does this thousands
                          of times a round)
-``apply_to_schedule``    a ``tvm.s_tir.Schedule``, through :func:`ansor.replay.replay` (the real program)
-``to_code``              readable schedule code (:meth:`ansor.loop_state.State.to_code`)
+``apply_to_schedule``    a ``tvm.s_tir.Schedule``, through :func:`ansor.state.replay.replay` (the real program)
+``to_code``              readable schedule code (:meth:`ansor.state.loop_state.State.to_code`)
 fields + ``check``       the JSON codec below (:func:`step_to_json`, :func:`step_from_json`)
 =======================  ==============================================================================
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Sequence
 
-from ..errors import StepError, short_repr
+from ...errors import StepError, short_repr
 from .base import P, CodeNames, Replay, Step, ident, step_to_json
 from .layout import LayoutRewriteStep, StorageAlignStep
 from .loops import ANNOTATIONS, PRAGMAS, AnnotationStep, FuseStep, PragmaStep, ReorderStep

@@ -1,7 +1,7 @@
 """The second interpreter of the step list: replay onto ``tvm.s_tir.Schedule``.
 
-Each step applies itself (:meth:`~ansor.transform_steps.Step.apply_to_schedule`) while a Python
-:class:`~ansor.loop_state.State` is advanced in lockstep, which tells the steps which loops a stage owns
+Each step applies itself (:meth:`~ansor.state.transform_steps.Step.apply_to_schedule`) while a Python
+:class:`~ansor.state.loop_state.State` is advanced in lockstep, which tells the steps which loops a stage owns
 and which way a ``CA`` goes. TVM validates every primitive, so a replayed schedule is a legal program; any
 TVM refusal becomes a :class:`StepError` that names the step.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 import tvm
 
 from .access import IterKind
-from .errors import StepError, short_message
+from ..errors import StepError, short_message
 from .layout_rewrite import PREPROC_ANNOTATION, packed_layout
 from .loop_nest import AttachKind
 from .loop_state import State

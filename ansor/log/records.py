@@ -3,9 +3,9 @@
 A log is the only durable output of a tuning run, so it must survive crashes (each record is flushed as
 soon as it is measured; a torn last line costs one record, never the file) and it must be enough on its
 own: before the first record of a workload, the writer stores the workload's PrimFunc, target and hardware
-parameters, so a fresh process can rebuild the :class:`~ansor.search_task.SearchTask` and replay every
+parameters, so a fresh process can rebuild the :class:`~ansor.task.search_task.SearchTask` and replay every
 state without the code that registered the workload. A log is also untrusted input: loading never fails
-on what a line holds (:mod:`ansor.record_parse` checks every field). The format is described in
+on what a line holds (:mod:`ansor.log.codec` checks every field). The format is described in
 ``docs/log_format.md``.
 """
 
@@ -26,17 +26,17 @@ from typing import BinaryIO, Collection, Iterable, Iterator, Optional, Sequence,
 import tvm
 import tvm_ffi
 
-from .errors import RecordError
-from .loop_state import State
+from ..errors import RecordError
+from ..state.loop_state import State
 from .measurement import MeasureInput, MeasureResult
-from .record_parse import (
+from .codec import (
     RECORD_VERSION, CorruptLine, LoadCache, RecordLine, load_prim_func, parse_line,
     parse_record_line, parse_workload_line, record_json,
 )
-from .search_task import SearchTask
-from .target import parse_target, target_to_str
-from .transform_steps import Step, steps_to_json
-from .version import writer
+from ..task.search_task import SearchTask
+from ..target import parse_target, target_to_str
+from ..state.transform_steps import Step, steps_to_json
+from ..version import writer
 
 logger = logging.getLogger("ansor")
 

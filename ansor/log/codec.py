@@ -2,7 +2,7 @@
 
 A log may come from another version, another machine, a crash, or someone hostile, so every field is
 checked for type and range before anything uses it, and the workload's PrimFunc only reaches TVM after
-:mod:`ansor.tvm_json` checked its node graph. Anything that does not pass raises :class:`CorruptLine`,
+:mod:`ansor.log.tvm_json` checked its node graph. Anything that does not pass raises :class:`CorruptLine`,
 whose message is the reason the loader prints; nothing here raises anything else for any line content.
 The rules are listed in ``docs/log_format.md``.
 """
@@ -20,11 +20,11 @@ from typing import Any, Optional
 import tvm
 import tvm_ffi
 
-from .errors import StepError, short_message, short_repr
+from ..errors import StepError, short_message, short_repr
 from .measurement import ErrorNo, MeasureResult
-from .search_task import SearchTask, prim_func_key
-from .target import HardwareParams, parse_target
-from .transform_steps import Step, step_from_json
+from ..task.search_task import SearchTask, prim_func_key
+from ..target import HardwareParams, parse_target
+from ..state.transform_steps import Step, step_from_json
 from .tvm_json import GraphError, load_checked
 
 logger = logging.getLogger("ansor")
