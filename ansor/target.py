@@ -1,4 +1,5 @@
-"""Targets: what users type, what TVM 0.27 accepts, and the hardware facts the search needs.
+"""Targets: what users type, what TVM 0.27 accepts, the hardware facts the search needs, and what each kind
+of target (CPU, CUDA) means to building, running and exporting programs (:class:`DeviceKind`).
 
 TVM 0.27 only takes JSON-dict targets; users still type ``llvm -mcpu=znver5`` or ``cuda``. We accept
 both, plus ``host`` (this machine's CPU as LLVM names it, with its physical core count).
@@ -10,7 +11,7 @@ import json
 import os
 import shlex
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import psutil
 import tvm
@@ -120,6 +121,7 @@ def target_to_str(target: tvm.target.Target) -> str:
 
 
 def is_gpu(target: tvm.target.Target) -> bool:
+    """Whether TVM files ``target`` under its GPU key: ask :func:`device_kind` for what that implies."""
     return "gpu" in target.keys
 
 
@@ -168,25 +170,107 @@ def _cuda_params(target: tvm.target.Target) -> HardwareParams:
     )
 
 
+def _cpu_params(target: tvm.target.Target) -> HardwareParams:
+    """CPU parameters: the target's core count (this machine's if it names none) and its widest vector unit."""
+    cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else physical_cores()
+    vector = 16
+    triple = str(target.attrs.get("mtriple", ""))
+    # x86 features only mean something on x86, and LLVM 22 under TVM 0.27 crashes the process (SIGSEGV)
+    # when asked about a triple it does not know (a target from a log is data from anywhere).
+    x86 = not triple or triple.split("-")[0] in ("x86_64", "i386", "i486", "i586", "i686")
+    for feature, width in (("avx512f", 64), ("avx2", 32), ("avx", 32)) if x86 else ():
+        try:
+            if tvm.target.codegen.target_has_features(feature, target):
+                vector = width
+                break
+        except Exception:  # non-x86 LLVM targets do not know x86 feature names
+            break
+    return HardwareParams(num_cores=cores, vector_unit_bytes=vector)
+
+
+def _host_device_type(target: tvm.target.Target) -> str:
+    """LLVM and C targets run on the host, whatever their kind is called."""
+    return "cpu"
+
+
+def _kind_device_type(target: tvm.target.Target) -> str:
+    """A GPU target's kind names its device type (``cuda``, ``rocm``, ``vulkan``)."""
+    return str(target.kind.name)
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """What the layers below and beside the search need to know about a kind of target, in one place.
+
+    One instance per kind (:data:`CPU_DEVICE`, :data:`CUDA_DEVICE`), picked by :func:`device_kind`; code
+    that would branch on the target reads a field instead. The search's own per-target object (sketch
+    rules, mutators, validity filter) is in :mod:`ansor.sketch.search_space`, keyed by :attr:`name`.
+    To add a kind: add an instance here, a case to :func:`device_kind`, and a search space there.
+    """
+
+    #: "cpu" or "cuda": the kind's name, and the key of its search space
+    name: str
+    #: the hardware parameters of a target of this kind (see :func:`hardware_params`)
+    hardware: Callable[[tvm.target.Target], HardwareParams]
+    #: the TVM device type a target's programs run on (``tvm.device(type, 0)``): "cpu", "cuda", ...
+    device_type: Callable[[tvm.target.Target], str]
+    #: the Ray resource a runner of this kind holds: "cpu" or "gpu"
+    ray_resource: str
+    #: the ``ErrorNo`` name of a failed build: the host compiler's or the device code generator's
+    compile_error: str
+    #: programs run on TVM's CPU thread pool, so TVM_NUM_THREADS must match the target's cores
+    thread_pool: bool
+    #: a timed run first flushes the host caches of every argument but the first (cold weights)
+    flush_caches: bool
+    #: the kernels are in a device module the host library imports (launched with grid and block sizes);
+    #: a library without one is plain LLVM object code that links with gcc, without libstdc++
+    device_module: bool
+    #: (index key, file suffix, ``inspect_source`` format) of each kernel source ``export-kernels`` writes
+    kernel_files: tuple[tuple[str, str, str], ...]
+    #: the reference output of a correctness check is computed on the host CPU, not by the code
+    #: generator under test
+    host_reference: bool
+    #: networks get the CPU rewrites of :mod:`ansor.networks.prepare` (layout, Winograd, fast math)
+    prepare_network: bool
+    #: what schedules a PrimFunc no record covers: "ansor" (:mod:`ansor.networks.default_schedule`) or
+    #: "dlight" (TVM's GPU default schedules)
+    default_schedule: str
+    #: the module of TVM's Relax pipeline whose passes lower a scheduled network
+    relax_pipeline: str
+    #: PyTorch eager, which runs on the CPU here, is a baseline for this kind
+    torch_baseline: bool
+    #: a target given without ``arch`` takes the arch of a GPU of the Ray cluster
+    detect_arch: bool
+
+    def device(self, target: tvm.target.Target) -> tvm.runtime.Device:
+        """The device ``target``'s programs run on (the first of its type)."""
+        return tvm.device(self.device_type(target), 0)
+
+
+CPU_DEVICE = DeviceKind(
+    name="cpu", hardware=_cpu_params, device_type=_host_device_type, ray_resource="cpu",
+    compile_error="COMPILE_HOST", thread_pool=True, flush_caches=True, device_module=False,
+    kernel_files=(("llvm_ir", "ll", "ll"), ("asm", "s", "asm")), host_reference=False, prepare_network=True,
+    default_schedule="ansor", relax_pipeline="tvm.relax.backend.cpu_generic.pipeline", torch_baseline=True,
+    detect_arch=False,
+)
+CUDA_DEVICE = DeviceKind(
+    name="cuda", hardware=_cuda_params, device_type=_kind_device_type, ray_resource="gpu",
+    compile_error="COMPILE_DEVICE", thread_pool=False, flush_caches=False, device_module=True,
+    kernel_files=(("cuda", "cu", "cuda"),), host_reference=True, prepare_network=False,
+    default_schedule="dlight", relax_pipeline="tvm.relax.backend.gpu_generic.pipeline", torch_baseline=False,
+    detect_arch=True,
+)
+
+
+def device_kind(target: tvm.target.Target) -> DeviceKind:
+    """The kind of ``target``: every target under TVM's GPU key is compiled and searched as CUDA."""
+    return CUDA_DEVICE if is_gpu(target) else CPU_DEVICE
+
+
 def hardware_params(target: tvm.target.Target, overrides: Optional[dict[str, int]] = None) -> HardwareParams:
     """Hardware parameters of ``target``: from its attributes, the LLVM CPU features, or CUDA defaults."""
-    if is_gpu(target):
-        params = _cuda_params(target)
-    else:
-        cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else physical_cores()
-        vector = 16
-        triple = str(target.attrs.get("mtriple", ""))
-        # x86 features only mean something on x86, and LLVM 22 under TVM 0.27 crashes the process (SIGSEGV)
-        # when asked about a triple it does not know (a target from a log is data from anywhere).
-        x86 = not triple or triple.split("-")[0] in ("x86_64", "i386", "i486", "i586", "i686")
-        for feature, width in (("avx512f", 64), ("avx2", 32), ("avx", 32)) if x86 else ():
-            try:
-                if tvm.target.codegen.target_has_features(feature, target):
-                    vector = width
-                    break
-            except Exception:  # non-x86 LLVM targets do not know x86 feature names
-                break
-        params = HardwareParams(num_cores=cores, vector_unit_bytes=vector)
+    params = device_kind(target).hardware(target)
     if overrides:
         params = HardwareParams(**{**asdict(params), **overrides})
     return params

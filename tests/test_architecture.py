@@ -8,6 +8,7 @@ out: they name a type for a hint and never run.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,16 @@ def test_nothing_inside_reaches_the_facade():
     """``import ansor`` inside the package would hide any edge behind the facade's lazy names."""
     users = {m for m in MODULES for target, _, _ in import_edges(m) if target == "ansor" and m != "ansor"}
     assert not users, sorted(users)
+
+
+def test_the_search_asks_its_space_never_whether_the_target_is_a_gpu():
+    """Per-target facts live in one object per kind: ``ansor.target.DeviceKind`` under the search and
+    ``ansor.sketch.search_space.SearchSpace`` in it. ``is_gpu`` is defined and mapped to a kind, nowhere
+    else asked; in the search only ``search_space`` looks up the target's kind."""
+    sites = [f"{m}:{n}" for m, path in MODULES.items()
+             for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"\bis_gpu\b", line)]
+    assert len(sites) <= 3, sites
+    asking = sorted(f"{m}:{line} imports {name}" for m in MODULES if m.startswith("ansor.sketch.")
+                    and m != "ansor.sketch.search_space" for target, name, line in import_edges(m)
+                    if target == "ansor.target" and name in ("is_gpu", "device_kind"))
+    assert not asking, "\n".join(asking)

@@ -13,11 +13,13 @@ import pytest
 import tvm
 
 from ansor.state.loop_nest import AttachKind
+from ansor.state.transform_steps import PragmaStep
 from ansor.cost_model import RandomModel
 from ansor.task.search_task import SearchTask
-from ansor.sketch.search_space import generate_sketches, sample_initial_population
-from ansor.sketch.evolution import evolutionary_search, mutate_tile_size
-from ansor.sketch.gpu_annotation import fits_gpu, thread_counts
+from ansor.sketch import search_space
+from ansor.sketch.search_space import generate_sketches, sample_initial_population, space_of
+from ansor.sketch.evolution import EvolutionParams, evolutionary_search
+from ansor.sketch.gpu_annotation import GPU_UNROLL_STEPS, fits_gpu, thread_counts
 from ansor.sketch.gpu_rules import has_cross_thread_reduction
 from ansor.sketch.gpu_verify import launch_dims, verify_gpu
 from ansor.sketch.policy import SketchPolicy
@@ -130,7 +132,8 @@ def test_mutation_and_evolution_keep_programs_within_the_limits():
     task = cuda_task("matmul-512")
     rng = random.Random(6)
     population = sample_initial_population(task, generate_sketches(task), 32, rng)
-    children = [c for c in (mutate_tile_size(task, s, rng) for s in population) if c is not None]
+    mutate = {m.name: m.mutate for m in search_space.CUDA.mutators}["tile_size"]
+    children = [c for c in (mutate(task, s, rng) for s in population) if c is not None]
     assert children
 
     class MoreThreads:
@@ -140,6 +143,36 @@ def test_mutation_and_evolution_keep_programs_within_the_limits():
     best = evolutionary_search(task, MoreThreads(), population, 8, set(), rng)
     assert best and all(fits_gpu(task, s) for _, s in best)
     assert best[0][0] <= task.hardware_params.max_threads_per_block
+
+
+def test_each_target_kind_has_one_search_space_holding_what_the_search_uses():
+    """The search asks the space, never the target: CUDA's space has its own rules, sampler, mutators,
+    hardware filter and check, and only the mutations that make sense on a GPU."""
+    cpu, cuda = search_space.CPU, search_space.CUDA
+    assert space_of(cuda_task("matmul-64").target) is cuda
+    assert space_of(SearchTask.from_workload("matmul-64", "llvm -num-cores=2").target) is cpu
+    assert {m.name for m in cpu.mutators} == {"tile_size", "unroll", "compute_location", "parallel", "layout_rewrite"}
+    assert {m.name for m in cuda.mutators} == {"tile_size", "unroll"}  # the sketch fixes locations; no parallel
+    fields = {f.name for f in dataclasses.fields(EvolutionParams)}
+    assert all(set(m.probabilities) <= fields for space in (cpu, cuda) for m in space.mutators)
+    params = EvolutionParams()
+    unroll = {m.name: m for m in cuda.mutators}["unroll"]
+    assert sum(getattr(params, p) for p in unroll.probabilities) == pytest.approx(0.09)  # Ansor's GPU share
+    assert cuda.rules != cpu.rules and cuda.sample is not cpu.sample
+
+    task = cuda_task("matmul-512")
+    rng = random.Random(2)
+    population = sample_initial_population(task, generate_sketches(task), 64, rng)
+    unrolled = [c for c in (unroll.mutate(task, s, rng) for s in population) if c is not None]
+    limits = {int(step.pragma.split("$")[1]) for c in unrolled for step in c.steps if isinstance(step, PragmaStep)}
+    assert limits <= set(GPU_UNROLL_STEPS) and limits & {512, 1024}  # GPU limits, beyond the CPU's 128
+    big = [s for s in population if launch_dims(s)[0]["block"][0] > 256]
+    assert big
+    small = dataclasses.replace(task.hardware_params, max_threads_per_block=256)
+    tight = SearchTask(task.func, task.target, workload_key=task.workload_key, hardware=small)
+    assert not cuda.fits(tight, big[0]) and cuda.check(tight, big[0]) is not None
+    assert cuda.fits(task, big[0]) and cuda.check(task, big[0]) is None
+    assert cpu.fits(tight, big[0])  # a CPU space knows no block limits
 
 
 def test_policy_batches_pass_gpu_verification():

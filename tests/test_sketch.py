@@ -14,7 +14,8 @@ from ansor.task.search_task import SearchTask
 from ansor.sketch import annotation
 from ansor.sketch.annotation import RegisterFile, factorizations, fill_tile_sizes, fits_registers, sample_cpu_program
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
-from ansor.sketch.evolution import evolutionary_search, mutate_parallel, mutate_tile_size
+from ansor.sketch.evolution import evolutionary_search
+from ansor.sketch.mutation import mutate_parallel, mutate_tile_size
 from ansor.sketch.rules import Cond, SketchRule
 from ansor.task.workloads import get_workload
 

@@ -3,7 +3,8 @@
 import pytest
 
 from ansor.errors import TargetError
-from ansor.target import hardware_params, parse_target
+from ansor.log.measurement import ErrorNo
+from ansor.target import CPU_DEVICE, CUDA_DEVICE, device_kind, hardware_params, parse_target
 
 
 @pytest.mark.parametrize("triple, cpu", [
@@ -20,3 +21,14 @@ def test_triples_llvm_knows_are_accepted(triple, cpu):
 def test_triples_llvm_lacks_are_refused_by_name(triple):
     with pytest.raises(TargetError, match=f"LLVM does not know the architecture of -mtriple='{triple}'"):
         parse_target(f"llvm -mtriple={triple} -mcpu=generic -num-cores=2")
+
+
+def test_each_target_kind_is_one_device_kind():
+    """The layers under and beside the search read a target's facts from its DeviceKind, never branch on it."""
+    cpu, cuda = parse_target("llvm -num-cores=2"), parse_target("cuda -arch=sm_80")
+    assert device_kind(cpu) is CPU_DEVICE and device_kind(cuda) is CUDA_DEVICE
+    assert (CPU_DEVICE.ray_resource, CUDA_DEVICE.ray_resource) == ("cpu", "gpu")
+    assert (ErrorNo[CPU_DEVICE.compile_error], ErrorNo[CUDA_DEVICE.compile_error]) == (ErrorNo.COMPILE_HOST,
+                                                                                       ErrorNo.COMPILE_DEVICE)
+    assert CPU_DEVICE.device(cpu).dlpack_device_type() != CUDA_DEVICE.device(cuda).dlpack_device_type()
+    assert hardware_params(cuda).warp_size == 32 and hardware_params(cpu).num_cores == 2

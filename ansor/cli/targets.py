@@ -30,9 +30,9 @@ def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = N
     a local instance started just for the question); with no GPU there, TVM's default stays and
     measurement will say that no GPU can run the candidates.
     """
-    from ..target import is_gpu, parse_target
+    from ..target import device_kind, parse_target
     target = parse_target(text)
-    if is_gpu(target) and "arch" not in (text or ""):
+    if device_kind(target).detect_arch and "arch" not in (text or ""):
         from ..measure.ray_session import RaySession, cluster_cuda_arch
         session = RaySession.open(ray_address)
         try:

@@ -34,7 +34,7 @@ from ..errors import StepError, short_message
 from ..state.loop_state import State
 from ..log.measurement import BuildResult, ErrorNo, error_text
 from ..task.search_task import SearchTask
-from ..target import is_gpu
+from ..target import device_kind
 from ..state.transform_steps import Step
 from .memory_cap import IsolatedBuild, capped, default_cap_bytes, oom_result
 from .ray_session import current_node, node_alive
@@ -85,7 +85,7 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap:
 
 
 def _compile_error(task: SearchTask) -> ErrorNo:
-    return ErrorNo.COMPILE_DEVICE if is_gpu(task.target) else ErrorNo.COMPILE_HOST
+    return ErrorNo[device_kind(task.target).compile_error]
 
 
 def _link_options(task: SearchTask) -> dict:
@@ -94,7 +94,7 @@ def _link_options(task: SearchTask) -> dict:
     LLVM's object code only calls TVM's C runtime API, so libstdc++ is not needed, and leaving it out
     halves the link (~45 ms instead of ~90 ms per candidate here). GPU modules keep TVM's default.
     """
-    if is_gpu(task.target) or shutil.which("gcc") is None:
+    if device_kind(task.target).device_module or shutil.which("gcc") is None:
         return {}
     return {"fcompile": functools.partial(tvm_cc.create_shared, cc="gcc")}
 

@@ -30,7 +30,7 @@ import ray
 from ..errors import AnsorError, short_message
 from ..log.measurement import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
 from ..task.search_task import SearchTask
-from ..target import is_gpu
+from ..target import device_kind
 from .builder import DEFAULT_BUILD_TIMEOUT, BuildJob, RayBuilder
 from .callbacks import MeasureCallback
 from .host_lock import HostLock, host_lock_path
@@ -338,9 +338,8 @@ class _Batch:
 
 def _runner_spec(task: SearchTask) -> tuple[str, int]:
     """(device, TVM_NUM_THREADS) of the runner for ``task``: as many threads as the target has cores."""
-    if is_gpu(task.target):
-        return "gpu", 0
-    return "cpu", task.hardware_params.num_cores
+    kind = device_kind(task.target)
+    return kind.ray_resource, (task.hardware_params.num_cores if kind.thread_pool else 0)
 
 
 def _reference_task(task: SearchTask) -> SearchTask:
@@ -349,6 +348,6 @@ def _reference_task(task: SearchTask) -> SearchTask:
     A GPU task's reference is computed on the host CPU: every node has one, and the reference then does not
     depend on the GPU code generator whose output it is meant to check.
     """
-    if not is_gpu(task.target):
+    if not device_kind(task.target).host_reference:
         return task
     return SearchTask(task.func, None, workload_key=task.workload_key, desc=task.desc)

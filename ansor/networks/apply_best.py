@@ -30,7 +30,7 @@ from ..state.layout_rewrite import PackedLayout
 from ..state.loop_state import State
 from ..log.records import best_records, load_records
 from ..task.search_task import SearchTask
-from ..target import is_gpu, parse_target
+from ..target import device_kind, parse_target
 from ..state.transform_steps import Step
 from .default_schedule import copy_schedule, default_state, default_tir_schedule
 from .extract import NetworkTask, is_reshape, standalone
@@ -142,7 +142,7 @@ def apply_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], schedules: Mappi
         if schedule is not None:
             scheduled = schedule_task(t.task, schedule)
             n_tuned += 1
-        elif default and not is_gpu(target):
+        elif default and device_kind(target).default_schedule == "ansor":
             scheduled = default_scheduled(t.task)
         else:
             continue
@@ -241,7 +241,7 @@ def _check_member(mod: tvm.IRModule, name: str, t: NetworkTask) -> None:
 def _default_rest(mod: tvm.IRModule, target: tvm.target.Target, calls: dict[str, list[list]],
                   packing: dict[str, _Packed]) -> tvm.IRModule:
     """Default-schedule every PrimFunc not yet scheduled, except pure reshapes."""
-    if is_gpu(target):
+    if device_kind(target).default_schedule == "dlight":
         from tvm.s_tir import dlight
 
         rules = (dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(), dlight.gpu.GeneralReduction(),

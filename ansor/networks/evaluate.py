@@ -9,6 +9,7 @@ runtime actually uses, so a wrong setting shows in every result.
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import tvm
 from tvm import relax
 
 from ..errors import short_message
-from ..target import is_gpu, parse_target
+from ..target import device_kind, parse_target
 from .apply_best import apply_best
 from .extract import Extraction
 from .network import Network, NetworkError
@@ -77,10 +78,7 @@ def lowering_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     TVM's default pipeline would run ``FuseOps``/``FuseTIR`` a second time and merge our scheduled
     PrimFuncs with their neighbours, undoing the schedules; we only lower what is already there.
     """
-    if is_gpu(target):
-        from tvm.relax.backend.gpu_generic import pipeline
-    else:
-        from tvm.relax.backend.cpu_generic import pipeline
+    pipeline = importlib.import_module(device_kind(target).relax_pipeline)
     passes = pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target)
 
     @tvm.transform.module_pass(opt_level=0, name="AnsorLowerFused")
@@ -109,7 +107,7 @@ def build(mod: tvm.IRModule, target: TargetLike = None, fused: bool = True) -> t
 
 def _device(target: TargetLike) -> tvm.runtime.Device:
     target = parse_target(target)
-    return tvm.cpu() if target.kind.name in ("llvm", "c") else tvm.device(target.kind.name, 0)
+    return device_kind(target).device(target)
 
 
 def _vm_args(network: Network, inputs: Optional[Sequence[np.ndarray]], dev) -> list:
@@ -149,7 +147,7 @@ def time_network(executable: tvm.runtime.Executable, network: Network, inputs: O
     timing = Timing(float(ms.mean()), float(np.median(ms)), float(ms.max()), float(ms.min()), float(ms.std()),
                     runtime_threads(), len(ms))
     cores = target.attrs.get("num-cores")
-    if cores is not None and not is_gpu(target) and int(cores) != timing.num_threads:
+    if cores is not None and device_kind(target).thread_pool and int(cores) != timing.num_threads:
         logger.warning("%s was timed with %d TVM threads but the target has %d cores: set TVM_NUM_THREADS=%d "
                        "before the process starts TVM", network.name, timing.num_threads, int(cores), int(cores))
     logger.info("%s: %s", network.name, timing)

@@ -23,7 +23,7 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
 from ..errors import AnsorError, short_message
 from ..task.search_task import SearchTask
-from ..target import is_gpu, parse_target
+from ..target import device_kind, parse_target
 from .network import Network, NetworkError
 from .prepare import prepare
 
@@ -185,7 +185,7 @@ def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] 
     Tasks come out heaviest first (FLOPs times weight), which is the order a progress table wants.
     """
     target = parse_target(target)
-    if not is_gpu(target):
+    if device_kind(target).prepare_network:
         network = prepare(network, layout=layout, winograd=winograd, fast_math=fast_math)
     mod = fuse(network.mod, target)
     counts, n_outputs = call_counts(mod)

@@ -26,7 +26,7 @@ import tvm
 
 from ..networks.network import Network, NetworkError, TensorSpec
 from ..task.search_task import TargetLike
-from ..target import is_gpu, parse_target, target_to_str
+from ..target import device_kind, parse_target, target_to_str
 from ..version import __version__
 
 logger = logging.getLogger("ansor")
@@ -115,7 +115,7 @@ def write(executable: tvm.runtime.Executable, directory: Union[str, os.PathLike]
             "library": library.name,
             "entry": signature.entry,
             "target": signature.target,
-            "device": target.kind.name if is_gpu(target) else "cpu",
+            "device": device_kind(target).device_type(target),
             "num_threads": int(target.attrs["num-cores"]) if "num-cores" in target.attrs else None,
             "inputs": [_spec_json(s) for s in signature.inputs],
             "weights": [_spec_json(s) for s in signature.weights],

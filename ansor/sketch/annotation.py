@@ -18,7 +18,6 @@ from ..state.layout_rewrite import packable_arguments
 from ..state.loop_nest import AttachKind
 from ..state.loop_state import Stage, State
 from ..task.search_task import SearchTask
-from ..target import is_gpu
 from ..state.transform_steps import SplitStep, consumers_beside
 from .rules import CPU_STRUCTURE, dag_stage, has_reduce_iter, is_output, is_rfactor_stage, needs_multi_level_tiling
 
@@ -30,8 +29,6 @@ MAX_VECTORIZE_LANES = 64
 #: slower (0.7-1.1 s per matmul candidate instead of ~0.1 s, most of the build time of a tuning run) and
 #: its programs were no faster than with 64 or 128 when re-timed side by side.
 CPU_UNROLL_STEPS = (0, 16, 64, 128)
-#: Ansor's GPU auto-unroll limits.
-GPU_UNROLL_STEPS = (0, 16, 64, 512, 1024)
 #: How often random annotation packs a runtime input of a tiled stage (an ``LR`` step: a copy in the kernel
 #: that pays when the tile would otherwise thrash the cache). Constant weights are always packed: free.
 P_PACK_INPUT = 0.5
@@ -318,11 +315,11 @@ def _parallel_outer(state: State, stage_id: int, limit: int) -> None:
     state.annotate(stage_id, 0, "parallel")
 
 
-def annotate_unroll(state: State, rng: random.Random, task: SearchTask) -> None:
-    """An auto-unroll pragma with a random step limit on every stage that reduces."""
+def annotate_unroll(state: State, rng: random.Random, choices: tuple[int, ...]) -> None:
+    """An auto-unroll pragma with a step limit drawn from ``choices`` on every stage that reduces."""
     for stage_id, stage in enumerate(state.stages):
         if stage.compute_at != AttachKind.INLINED and stage.iters and has_reduce_iter(state, stage_id):
-            value = rng.choice(GPU_UNROLL_STEPS if is_gpu(task.target) else CPU_UNROLL_STEPS)
+            value = rng.choice(choices)
             state.pragma(stage_id, 0, f"auto_unroll_max_step${value}")
 
 
@@ -409,7 +406,7 @@ def sample_cpu_program(task: SearchTask, sketch: State, rng: random.Random) -> O
         state = fill_tile_sizes(sketch, rng, RegisterFile.of(task))
         state = change_compute_location(state, rng)
         annotate_parallel(state, task)
-        annotate_unroll(state, rng, task)
+        annotate_unroll(state, rng, CPU_UNROLL_STEPS)
         annotate_vectorize(state, rng)
         annotate_layout_rewrite(state, rng)
     except StepError:

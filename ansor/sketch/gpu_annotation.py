@@ -28,6 +28,8 @@ from ..state.transform_steps import SplitStep, Step
 from .annotation import divisors, annotate_unroll, factorizations, outer_parallel_loops
 from .gpu_rules import has_cross_thread_reduction
 
+#: Ansor's GPU auto-unroll limits.
+GPU_UNROLL_STEPS = (0, 16, 64, 512, 1024)
 #: Vector widths tried for a cooperative fetch (a CUDA vector load is at most 16 bytes).
 FETCH_VECTOR_LANES = (1, 2, 4)
 _TRIES = 32
@@ -41,7 +43,7 @@ def sample_gpu_program(task: SearchTask, sketch: State, rng: random.Random) -> O
             if state is None:
                 continue
             bind_threads(state, task, rng)
-            annotate_unroll(state, rng, task)
+            annotate_unroll(state, rng, GPU_UNROLL_STEPS)
         except StepError:
             continue
         if fits_gpu(task, state):

@@ -215,5 +215,6 @@ def _bind_tile_levels(state: State, stage_id: int, level_ends: list[int]) -> int
 
 
 GPU_RULES: tuple[SketchRule, ...] = (
-    AlwaysInline(), CrossThreadReduction(), GPUAddCacheWrite(), GPUMultiLevelTilingWithFusion(), SkipStage(),
+    AlwaysInline(strict=False), CrossThreadReduction(), GPUAddCacheWrite(), GPUMultiLevelTilingWithFusion(),
+    SkipStage(),
 )

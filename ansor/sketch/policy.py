@@ -13,15 +13,12 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..errors import StepError
 from ..state.loop_state import State
 from ..log.measurement import MeasureInput, MeasureResult
 from ..task.search_task import SearchTask
-from ..target import is_gpu
 from .evolution import EvolutionParams, evolutionary_search
-from .gpu_verify import verify_gpu
 from .rules import SketchRule
-from .search_space import generate_sketches, sample_initial_population
+from .search_space import generate_sketches, sample_initial_population, space_of
 
 if TYPE_CHECKING:
     from ..cost_model.cost_model import CostModel
@@ -48,6 +45,7 @@ class SketchPolicy:
         self.model = model
         self.rng = random.Random(seed)
         self.params = params or SearchParams()
+        self.space = space_of(task.target)
         self.sketches = generate_sketches(task, extra_rules=tuple(extra_rules))
         self.measured: set = set()
         self._best: list[tuple[float, int, State]] = []  # the 64 fastest: a min-heap on -cost pops the slowest
@@ -94,25 +92,18 @@ class SketchPolicy:
         return batch
 
     def _add_if_valid(self, state: State, batch: list[State], keys: set) -> None:
-        """Add ``state`` unless TVM cannot replay it (on GPU: unless it fails TVM's GPU verifier).
+        """Add ``state`` unless the search space's check refuses it (CPU: TVM cannot replay it; GPU: it
+        fails TVM's GPU verifier).
 
         The cost model describes States without TVM, so a program TensorIR would refuse can rank high; a
-        replay costs ~2 ms, a failed build a trial. A refused program is never proposed again.
+        check costs ~2 ms, a failed build a trial. A refused program is never proposed again.
         """
         if state.key() in keys:
             return
         keys.add(state.key())
-        reason = verify_gpu(self.task, state) if is_gpu(self.task.target) else _replay_error(self.task, state)
+        reason = self.space.check(self.task, state)
         if reason is None:
             batch.append(state)
         else:
             self.measured.add(state.key())
             logger.debug("%s: dropped a program before measurement: %s", self.task.desc, reason)
-
-
-def _replay_error(task: SearchTask, state: State) -> Optional[str]:
-    try:
-        task.compute_dag.replay(state)
-    except StepError as err:
-        return str(err)
-    return None

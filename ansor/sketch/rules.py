@@ -18,7 +18,6 @@ from ..state.access import IterKind
 from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
 from ..task.search_task import SearchTask
-from ..target import is_gpu
 
 
 class Cond(Enum):
@@ -72,14 +71,16 @@ def has_cache_write_stage(state: State, stage_id: int) -> bool:
     return ds is not None and state.stages[stage_id].block.writes[0].buffer != ds.block.writes[0].buffer
 
 
-def should_always_inline(task: SearchTask, state: State, stage_id: int) -> bool:
+def should_always_inline(state: State, stage_id: int, strict: bool = True) -> bool:
+    """Whether to inline a stage in every sketch: one that reduces or writes an output never is; else, with
+    ``strict``, only a strictly inlineable one (nothing recomputed), without it any (Ansor's GPU rule)."""
     stage = state.stages[stage_id]
     if stage.compute_at == AttachKind.INLINED or is_output(state, stage_id) or has_reduce_iter(state, stage_id):
         return False
     ds = dag_stage(state, stage_id)
     if ds is None:
         return False
-    return True if is_gpu(task.target) else ds.strictly_inlineable
+    return ds.strictly_inlineable or not strict
 
 
 def single_elementwise_consumer(state: State, stage_id: int) -> Optional[int]:
@@ -185,10 +186,16 @@ def spatial_level_end(structure: str, level_ends: list[int], level: int) -> int:
 
 # ---------------------------------------------------------------------------------------------- rules
 class AlwaysInline(SketchRule):
+    """Inline what :func:`should_always_inline` picks; ``strict=False`` on GPU, where an intermediate not
+    inlined is a global-memory round trip between kernels."""
+
     name = "always_inline"
 
+    def __init__(self, strict: bool = True) -> None:
+        self.strict = strict
+
     def condition(self, task, state, stage_id):
-        return Cond.APPLY_AND_SKIP_REST if should_always_inline(task, state, stage_id) else Cond.PASS
+        return Cond.APPLY_AND_SKIP_REST if should_always_inline(state, stage_id, self.strict) else Cond.PASS
 
     def apply(self, task, state, stage_id):
         s = state.copy()

@@ -149,9 +149,9 @@ def torch_for_baseline(choice: str, networks: list) -> str | None:
 def torch_applies(net, target) -> bool:
     """Whether ``net`` has a PyTorch definition for ``target``; prints why not when it has none."""
     from ...networks.torch_baseline import has_torch_definition
-    from ...target import is_gpu
+    from ...target import device_kind
 
-    if is_gpu(target):
+    if not device_kind(target).torch_baseline:
         print(f"note: {net.name}: the PyTorch baseline runs on the CPU only; the baseline for this GPU target "
               "is the default build", file=sys.stderr)
         return False

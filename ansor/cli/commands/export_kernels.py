@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 logger = logging.getLogger("ansor")
@@ -110,7 +109,7 @@ def export_record(rec, out: Path, name: str) -> dict:
 
     from ...task.program import arg_specs
     from ...errors import AnsorError
-    from ...target import is_gpu
+    from ...target import device_kind
     from ...version import writer
 
     task = rec.task
@@ -134,15 +133,14 @@ def export_record(rec, out: Path, name: str) -> dict:
         "costs_s": list(rec.result.costs),
         "gflops": task.flop_ct / rec.result.mean_cost / 1e9 if rec.result.mean_cost > 0 else None,
     }
-    if is_gpu(task.target):
+    kind = device_kind(task.target)
+    kernels = executable.mod.imports[0] if kind.device_module else executable.mod
+    for key, suffix, fmt in kind.kernel_files:
+        files[key] = f"{name}.{suffix}"
+        (out / files[key]).write_text(kernels.inspect_source(fmt))
+    if kind.device_module:
         from ...sketch.gpu_verify import launch_dims
-        files["cuda"] = f"{name}.cu"
-        (out / files["cuda"]).write_text(executable.mod.imports[0].inspect_source())
         entry["launch"] = launch_dims(rec.state)
-    else:
-        files["llvm_ir"], files["asm"] = f"{name}.ll", f"{name}.s"
-        (out / files["llvm_ir"]).write_text(executable.mod.inspect_source("ll"))
-        (out / files["asm"]).write_text(executable.mod.inspect_source("asm"))
     entry["files"] = files
     logger.info("exported %s (%s): %s", task.workload_key, task.target_str, ", ".join(files.values()))
     return entry

@@ -212,9 +212,9 @@ def pytorch_eager(net, target, repeat: int, tvm_threads: int):
     target's core count as its thread count (TVM's thread count if the target names none).
     """
     from ...networks.torch_baseline import has_torch_definition, time_torch, torch_available
-    from ...target import is_gpu
+    from ...target import device_kind
 
-    if is_gpu(target) or not has_torch_definition(net) or not torch_available():
+    if not device_kind(target).torch_baseline or not has_torch_definition(net) or not torch_available():
         return None
     cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else tvm_threads
     print(f"timing PyTorch eager with {cores} threads ...", file=sys.stderr, flush=True)

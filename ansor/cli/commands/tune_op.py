@@ -105,18 +105,17 @@ def report_best(task, state, tuned_cost: float) -> int:
     A GPU program is re-timed on this machine's GPU; without one, the cost measured while tuning (on the
     cluster's GPU) is reported instead. Returns the exit status: 1 if the program is wrong.
     """
-    import tvm
-
     from ...task import program
     from ...measure.check import compare_outputs
-    from ...target import is_gpu
+    from ...target import device_kind
     from ...task.workloads import get_workload
     from ..running import EXIT_FAILED
 
     print("=" * 20, "Lowered TIR", "=" * 20)
     print(program.schedule(task, state)["main"].script())
     print("=" * 20, "Evaluate", "=" * 20)
-    device = tvm.cuda(0) if is_gpu(task.target) else tvm.cpu()
+    kind = device_kind(task.target)
+    device = kind.device(task.target)
     if not device.exist:
         print(f"Best program: {task.flop_ct / tuned_cost / 1e9:.2f} GFLOPS  cost: {tuned_cost * 1e3:.3f} ms  "
               f"(as measured while tuning; not re-timed: this machine has no {task.target.kind.name.upper()} "
@@ -131,8 +130,8 @@ def report_best(task, state, tuned_cost: float) -> int:
         print(f"error: the best program's output differs from numpy's: {mismatch}", file=sys.stderr)
         return EXIT_FAILED
     cost = program.time_module(module, args, device=device)
-    how = "" if is_gpu(task.target) else (f"; each run after a cache flush of every argument but the first, "
-                                          f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}")
+    how = (f"; each run after a cache flush of every argument but the first, "
+           f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS')}") if kind.flush_caches else ""
     print(f"Best program: {task.flop_ct / cost / 1e9:.2f} GFLOPS  cost: {cost * 1e3:.3f} ms  "
           f"(checked against numpy{how})")
     return 0
