@@ -1,12 +1,14 @@
-"""Tuning one task, in the auto_scheduler vocabulary: options, the tuning loop, and the one-call path.
+"""Tuning, in the auto_scheduler vocabulary: options, the tuning loop, and the one-call path for one task.
 
 Each round: the policy proposes programs, the measurer builds and times them (its callbacks append every
 result to the log the moment it arrives), and the cost model retrains. A task's history (its own log when
 resuming, a :class:`~ansor.log.database.Database`'s logs) is fed to the policy and the model first and counts
 towards the trial budget, so nothing measured is measured again.
 
-:class:`TuningOptions` and its :class:`RunnerOptions` are the one definition of how every script and the
-Python API measure: the defaults below *are* the scripts' settings.
+:func:`run_rounds` is the one tuning loop: :func:`auto_schedule` runs it for one task, the task scheduler
+(:mod:`ansor.task_scheduler`) for a network's tasks; :func:`measuring_into` is the one way both write their
+log. :class:`TuningOptions` is how every script and the Python API measure: the defaults below *are* the
+scripts' settings, and the timing ones are :class:`~ansor.measure.runner.RunConfig`'s.
 """
 
 from __future__ import annotations
@@ -14,19 +16,20 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, Sequence, Union
 
 from .errors import AnsorError, StepError
 from .state.loop_state import State
-from .measure.callbacks import MeasureCallback
-from .log.measurement import MeasureInput, MeasureResult, program_results
+from .log.measurement import MeasureCallback, MeasureInput, MeasureResult, program_results
 from .log.best import apply_best, best_record, print_best
 from .log.records import (
     Record, RecordWriter, best_records, distinct_records, load_records, other_targets_message,
 )
 from .task.search_task import SearchTask, TargetLike
+from .measure.runner import RunConfig
 from .sketch.policy import SearchParams, SketchPolicy
 
 if TYPE_CHECKING:
@@ -46,27 +49,26 @@ class Measurer(Protocol):
 class RunnerOptions:
     """How each built candidate is checked and timed (arguments of the Ray runner).
 
-    3 repeats of at least 15 ms: enough to rank candidates on a noisy machine while keeping a short run
-    short (cv ~3 % on the best matmul-512 candidates, 48 ms per candidate instead of ~210 ms with 40 ms
-    repeats and TVM's own loop; see docs/design.md). With ``enable_cpu_cache_flush`` (CPU) every run is timed
-    alone after flushing all arguments but the first, as the weights come from memory in a network.
-    Final numbers are re-timed for longer by the scripts.
-    ``None`` keeps the measurer's own default (run timeout 10 s, ``slow_factor`` 5).
+    The timing fields and their defaults are :class:`~ansor.measure.runner.RunConfig`'s, which says why
+    (3 repeats of ~15 ms, each run after a cache flush on a CPU, far-slower candidates timed by one run).
+    ``timeout``: seconds per run before its runner is killed (``None``: the measurer's
+    ``DEFAULT_RUN_TIMEOUT``); ``None`` for ``slow_factor`` also keeps the measurer's default.
     """
 
-    number: int = 1
-    repeat: int = 3
-    min_repeat_ms: int = 15
+    number: int = RunConfig.number
+    repeat: int = RunConfig.repeat
+    min_repeat_ms: int = RunConfig.min_repeat_ms
     timeout: Optional[float] = None
-    enable_cpu_cache_flush: bool = True
-    slow_factor: Optional[float] = None
+    enable_cpu_cache_flush: bool = RunConfig.enable_cpu_cache_flush
+    slow_factor: Optional[float] = RunConfig.slow_factor
     check_correctness: bool = True
 
 
 @dataclass(frozen=True)
 class BuilderOptions:
-    """How candidates are compiled: each build is a Ray task killed after ``timeout`` s (``None``: 15 s),
-    under a memory cap of ``memory_gib`` GiB (``None``: 3/4 of the node's memory over its CPUs, >= 2 GiB)."""
+    """How candidates are compiled: each build is a Ray task killed after ``timeout`` s (``None``: the
+    builder's ``DEFAULT_BUILD_TIMEOUT``), under a memory cap of ``memory_gib`` GiB (``None``: 3/4 of the
+    node's memory over its CPUs, >= 2 GiB)."""
 
     timeout: Optional[float] = None
     memory_gib: Optional[float] = None
@@ -252,11 +254,15 @@ class Round:
     measure_s: float
     train_s: float
 
+    @property
+    def seconds(self) -> float:
+        return self.search_s + self.measure_s + self.train_s
+
 
 def measure_round(task: SearchTask, policy: SketchPolicy, model: CostModel,
                   measure: Callable[[list[MeasureInput]], list[MeasureResult]], n: int) -> Optional[Round]:
     """Propose up to ``n`` programs of ``task``, measure them, and teach the policy and the model the results;
-    ``None`` when the search space is exhausted (nothing measured). The one round of every tuning loop."""
+    ``None`` when the search space is exhausted (nothing measured)."""
     t0 = time.perf_counter()
     states = policy.next_batch(n)
     t1 = time.perf_counter()
@@ -269,6 +275,80 @@ def measure_round(task: SearchTask, policy: SketchPolicy, model: CostModel,
     policy.record(*learned)
     model.update(*learned)
     return Round(inputs, results, t1 - t0, t2 - t1, time.perf_counter() - t2)
+
+
+class RoundSchedule(Protocol):
+    """The decisions :func:`run_rounds` leaves to its caller: which task each round tunes, and when to stop
+    before the budget is spent. ``trials`` always counts every trial so far, the history's included."""
+
+    def next_task(self, trials: int) -> Optional[int]:
+        """The index of the task the next round tunes; ``None`` ends the loop."""
+
+    def round_done(self, index: int, rnd: Round, trials: int) -> None:
+        """Task ``index`` measured ``rnd``."""
+
+    def exhausted(self, index: int, trials: int) -> None:
+        """Task ``index`` has nothing left to propose."""
+
+
+def run_rounds(tasks: Sequence[SearchTask], policies: Sequence[SketchPolicy], model: CostModel,
+               measure: Callable[[list[MeasureInput]], list[MeasureResult]], budget: int, trials: int,
+               per_round: int, schedule: RoundSchedule) -> int:
+    """The tuning loop of one task and of a network's tasks alike: rounds (:func:`measure_round`) of the task
+    ``schedule`` picks until ``budget`` trials are spent or ``schedule`` stops. ``trials``: those the history
+    already spent. Returns the trials spent, the history's included."""
+    while trials < budget:
+        index = schedule.next_task(trials)
+        if index is None:
+            break
+        rnd = measure_round(tasks[index], policies[index], model, measure, min(per_round, budget - trials))
+        if rnd is None:
+            schedule.exhausted(index, trials)
+            continue
+        trials += len(rnd.inputs)
+        schedule.round_done(index, rnd, trials)
+    return trials
+
+
+class _OneTask:
+    """The schedule of a lone task: every round is its own, until ``early_stopping`` trials without a better
+    program (failures included) or an exhausted search space; keeps the best program and the round reports."""
+
+    def __init__(self, early_stopping: Optional[int], best_cost: float, best_state: Optional[State],
+                 on_round: Optional[Callable[[RoundReport], None]]):
+        self.early_stopping = early_stopping
+        self.best_cost, self.best_state = best_cost, best_state
+        self.on_round = on_round
+        self.since_best = 0
+        self.done = False
+        self.reports: list[RoundReport] = []
+
+    def next_task(self, trials: int) -> Optional[int]:
+        if self.done:
+            return None
+        if self.early_stopping is not None and self.since_best >= self.early_stopping:
+            logger.info("early stop: no improvement in %d trials", self.since_best)
+            return None
+        return 0
+
+    def round_done(self, index: int, rnd: Round, trials: int) -> None:
+        errors = 0
+        for inp, res in zip(rnd.inputs, rnd.results):
+            if not res.ok:
+                errors += 1
+                self.since_best += 1
+            elif res.mean_cost < self.best_cost:
+                self.best_cost, self.best_state, self.since_best = res.mean_cost, inp.state, 0
+            else:
+                self.since_best += 1
+        report = RoundReport(trials, self.best_cost, errors, rnd.search_s, rnd.measure_s, rnd.train_s)
+        self.reports.append(report)
+        if self.on_round:
+            self.on_round(report)
+
+    def exhausted(self, index: int, trials: int) -> None:
+        logger.info("search space exhausted after %d trials", trials)
+        self.done = True
 
 
 def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, measurer: Optional[Measurer] = None,
@@ -286,7 +366,7 @@ def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, mea
     """
     options = options or TuningOptions()
     if resume_from:
-        history = [*history, *_log_history(task, resume_from)]
+        history = [*history, *log_history(resume_from, [task])]
     history = distinct_records(history)
     resumed = len(history)
     if resumed >= options.num_measure_trials:  # budget spent: no search, no model, no measurer
@@ -312,36 +392,14 @@ def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, mea
             measurer = own = make_measurer(options)
         return measurer.measure(inputs)
 
+    schedule = _OneTask(options.early_stopping, best_cost, best_state, on_round)
     try:
-        trials, since_best = resumed, 0
-        reports: list[RoundReport] = []
-        while trials < options.num_measure_trials:
-            if options.early_stopping is not None and since_best >= options.early_stopping:
-                logger.info("early stop: no improvement in %d trials", since_best)
-                break
-            n = min(options.num_measures_per_round, options.num_measure_trials - trials)
-            rnd = measure_round(task, policy, model, measure, n)
-            if rnd is None:
-                logger.info("search space exhausted after %d trials", trials)
-                break
-            errors = 0
-            for inp, res in zip(rnd.inputs, rnd.results):
-                trials += 1
-                if not res.ok:
-                    errors += 1
-                    since_best += 1
-                elif res.mean_cost < best_cost:
-                    best_cost, best_state, since_best = res.mean_cost, inp.state, 0
-                else:
-                    since_best += 1
-            report = RoundReport(trials, best_cost, errors, rnd.search_s, rnd.measure_s, rnd.train_s)
-            reports.append(report)
-            if on_round:
-                on_round(report)
+        trials = run_rounds([task], [policy], model, measure, options.num_measure_trials, resumed,
+                            options.num_measures_per_round, schedule)
     finally:
         if own is not None:
             own.close()
-    return TuneResult(best_state, best_cost, trials, resumed, reports, task)
+    return TuneResult(schedule.best_state, schedule.best_cost, trials, resumed, schedule.reports, task)
 
 
 def tune_task(task: SearchTask, options: Optional[TuningOptions] = None,
@@ -368,40 +426,66 @@ def tune_task(task: SearchTask, options: Optional[TuningOptions] = None,
     from .log.database import as_database
     options = options or TuningOptions()
     db = as_database(database)
-    path = Path(log_file) if log_file is not None else default_log_path(task.workload_key, db)
-    if path.is_dir():
-        raise AnsorError(f"log {path} is a directory; give a file path (example: logs/mm.json)")
+    path = log_path(log_file if log_file is not None else default_log_path(task.workload_key, db))
     history: list[Record] = []
     if resume and path.exists():
-        history = _log_history(task, path)
+        history = log_history(path, [task])
     if db is not None:
         history = distinct_records([*history, *db.records(task.workload_key, task.target)])
     if measurer is not None or len(history) >= options.num_measure_trials:  # the log needs no writer here
         result = auto_schedule(task, options, measurer, on_round=on_round, on_resume=on_resume, history=history)
     else:
-        with RecordWriter(path) as writer:
-            own_options = replace(options, measure_callbacks=[writer.write, *options.measure_callbacks])
-
-            def round_done(report: RoundReport) -> None:
-                writer.sync()  # each round's measurements survive a power loss too
-                if on_round is not None:
-                    on_round(report)
-
-            result = auto_schedule(task, own_options, None, on_round=round_done, on_resume=on_resume,
+        with measuring_into(path, options, on_round) as (logged, round_done):
+            result = auto_schedule(task, options, logged, on_round=round_done, on_resume=on_resume,
                                    history=history)
     result.log_file = path
     return result
 
 
-def _log_history(task: SearchTask, path: Union[str, os.PathLike]) -> list[Record]:
-    """The task's records in the log at ``path``; when there are none for its target, say which targets the
-    log holds (a resume that silently re-measures everything is the worst outcome)."""
-    records = load_records(path, workload_key=task.workload_key, target=task.target)
+@contextmanager
+def measuring_into(path: Path, options: TuningOptions, on_round: Optional[Callable[[Any], None]] = None,
+                   callbacks: Sequence[MeasureCallback] = ()) -> Iterator[tuple[Measurer, Callable[[Any], None]]]:
+    """A measurer (:func:`make_measurer`, then ``callbacks``) whose first callback appends each result to the
+    log at ``path`` the moment it is known, and ``on_round`` preceded by an fsync of the log.
+
+    The one way a tuning workflow writes its log: after Ctrl-C or a crash every finished measurement is on
+    disk and a rerun resumes it, and each round's measurements survive a power loss too.
+    """
+    with RecordWriter(path) as writer, make_measurer(options, [writer.write, *callbacks]) as measurer:
+
+        def round_done(report: Any) -> None:
+            writer.sync()
+            if on_round is not None:
+                on_round(report)
+
+        yield measurer, round_done
+
+
+def log_path(path: Union[str, os.PathLike], example: str = "logs/mm.json") -> Path:
+    """``path`` as the log a tuning run appends to; a directory is refused with a one-line error."""
+    path = Path(path)
+    if path.is_dir():
+        raise AnsorError(f"log {path} is a directory; give a file path (example: {example})")
+    return path
+
+
+def log_history(path: Union[str, os.PathLike], tasks: Sequence[SearchTask]) -> list[Record]:
+    """The records of ``tasks`` (for their target) in the log at ``path``; when there are none, say which
+    targets the log holds (a resume that silently re-measures everything is the worst outcome)."""
+    keys = {t.workload_key for t in tasks}
+    one = next(iter(keys)) if len(keys) == 1 else None  # the loader then skips every other task's lines
+    records = [r for r in load_records(path, workload_key=one, target=tasks[0].target) if r.workload_key in keys]
     if not records:
-        note = other_targets_message(path, task.target, {task.workload_key})
+        note = other_targets_message(path, tasks[0].target, keys)
         if note:
             logger.warning("resuming nothing: %s", note)
     return records
+
+
+def with_trials(options: Optional[TuningOptions], trials: Optional[int]) -> TuningOptions:
+    """``options`` (default :class:`TuningOptions`) with a budget of ``trials`` when given."""
+    options = options or TuningOptions()
+    return replace(options, num_measure_trials=trials) if trials is not None else options
 
 
 def default_log_path(name: str, database: Optional["Database"] = None) -> Path:
@@ -443,11 +527,8 @@ def tune(func: Any, target: TargetLike = None, trials: Optional[int] = None,
     :class:`TuneResult`: ``best_state``, ``best_cost`` (seconds), ``log_file``; apply it with
     ``ansor.apply_best(result.task, result.log_file)``. See :func:`tune_task` for ``database`` and ``resume``.
     """
-    task = as_task(func, target, workload_key)
-    options = options or TuningOptions()
-    if trials is not None:
-        options = replace(options, num_measure_trials=trials)
-    return tune_task(task, options, log_file, database=database, resume=resume)
+    return tune_task(as_task(func, target, workload_key), with_trials(options, trials), log_file, database=database,
+                     resume=resume)
 
 
 # Ansor's spelling of the workflow, as methods of the task (``task.tune(options, log_file)`` etc.).

@@ -103,6 +103,21 @@ def test_scripts_and_api_share_one_timing_definition(local_ray):
     assert (config.repeat, config.min_repeat_ms, config.number) == (3, 15, 1)
 
 
+def test_timing_defaults_are_defined_once():
+    """RunConfig's defaults are the measurer's and the options': a bare ProgramMeasurer times as tuning does."""
+    import dataclasses
+    import inspect
+
+    from ansor.measure.measurer import ProgramMeasurer
+    from ansor.measure.runner import RunConfig
+
+    config, options = RunConfig(), ansor.RunnerOptions()
+    measurer_defaults = inspect.signature(ProgramMeasurer).parameters
+    for field in dataclasses.fields(RunConfig):
+        assert measurer_defaults[field.name].default == getattr(options, field.name) == getattr(config, field.name)
+    assert (config.number, config.repeat, config.min_repeat_ms, config.slow_factor) == (1, 3, 15, 5.0)
+
+
 @pytest.mark.parametrize("bad, match", [
     ("matmul", "cannot tune a str"),
     ([1, 2], "list of TE tensors"),

@@ -15,12 +15,12 @@ from tvm import te
 
 from ansor.task.program import time_module, time_runs
 from ansor.errors import AnsorError
-from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer, ProgressLogger, RecordToFile
+from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer
 from ansor.measure.builder import RayBuilder
 from ansor.measure.ray_session import current_node
 from ansor.measure.runner import RunConfig
 from ansor.measure.runner_pool import RunnerPool
-from ansor.log.records import load_records
+from ansor.log.records import RecordWriter, load_records
 from ansor.task.search_task import SearchTask
 
 CUDA = {"kind": "cuda", "arch": "sm_80"}
@@ -51,9 +51,9 @@ def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, m
     inputs = matmul_inputs(matmul128, 16)
     seen = []
     log = tmp_path / "log.json"
-    with caplog.at_level(logging.WARNING, logger="ansor"), \
+    with caplog.at_level(logging.WARNING, logger="ansor"), RecordWriter(log) as writer, \
             ProgramMeasurer(min_repeat_ms=20, slow_factor=float("inf"),
-                            callbacks=[lambda i, r: seen.append((i, r)), RecordToFile(log)]) as m:
+                            callbacks=[lambda i, r: seen.append((i, r)), writer.write]) as m:
         results = m.measure(inputs)
         spans = m.spans
     assert "TVM_NUM_THREADS" not in caplog.text  # the runner's TVM uses the target's 2 cores
@@ -148,18 +148,6 @@ def test_build_errors_keep_input_order_and_cost_max(local_ray, matmul128, matmul
                                              ErrorNo.COMPILE_HOST, ErrorNo.NO_ERROR]
     assert "parallel" in results[1].error_msg and results[2].error_msg
     assert results[1].costs == results[2].costs == (1e10,)
-
-
-def test_progress_logger_reports_speed_and_errors(local_ray, matmul128, caplog, matmul_inputs):
-    bad = matmul128.compute_dag.init_state()
-    bad.annotate(0, 2, "parallel")
-    progress = ProgressLogger()
-    with caplog.at_level(logging.INFO, logger="ansor"), ProgramMeasurer(min_repeat_ms=10,
-                                                                         callbacks=[progress]) as m:
-        m.measure(matmul_inputs(matmul128, 1) + [MeasureInput(matmul128, bad)])
-    assert (progress.count, progress.errors) == (2, 1)
-    text = caplog.text
-    assert "GFLOPS" in text and "INSTANTIATION_ERROR" in text
 
 
 @ray.remote(num_cpus=1)

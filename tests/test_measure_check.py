@@ -12,7 +12,7 @@ from ansor.task import program
 from ansor.cost_model import RandomModel
 from ansor.measure import ErrorNo, ProgramMeasurer
 from ansor.measure.builder import build_program
-from ansor.measure.check import compare_outputs
+from ansor.measure.check import output_mismatch
 from ansor.measure.runner import RunConfig, Runner
 from ansor.measure.shipping import ship, task_key
 from ansor.task.search_task import SearchTask
@@ -33,10 +33,10 @@ def test_scaled_outputs_fail_and_reordered_reductions_pass():
         want = program.run(program.build(task, None), args)
         for state in candidates(task, 4):  # tiled, unrolled, vectorized, rfactor-ed: reductions reordered
             got = program.run(program.build(task, state), args)
-            assert compare_outputs(got, want) == "", (name, state.steps)
+            assert output_mismatch(got, want) == "", (name, state.steps)
         for factor in (0.5, 1.5):
             scaled = want[:-1] + [want[-1] * np.float32(factor)]
-            assert "wrong answer" in compare_outputs(scaled, want), (name, factor)
+            assert "wrong answer" in output_mismatch(scaled, want), (name, factor)
 
     # Why the tolerance must scale: softmax-4x1024 outputs are ~1e-3, and the former fixed tolerance
     # (rtol = atol = 1e-3) took half of them for the real thing.

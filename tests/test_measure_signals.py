@@ -15,7 +15,8 @@ from ansor.log.records import load_records
 
 SCRIPT = textwrap.dedent("""
     import sys
-    from ansor.measure import MeasureInput, ProgramMeasurer, RecordToFile
+    from ansor.log.records import RecordWriter
+    from ansor.measure import MeasureInput, ProgramMeasurer
     from ansor.task.search_task import SearchTask
 
     task = SearchTask.from_workload("matmul-128")
@@ -28,8 +29,8 @@ SCRIPT = textwrap.dedent("""
             inputs.append(MeasureInput(task, s))
     try:
         # Every candidate timed in full (~1 s each), so the batch is still running when SIGINT comes.
-        with ProgramMeasurer(min_repeat_ms=300, slow_factor=float("inf"),
-                             callbacks=[RecordToFile(sys.argv[1])]) as m:
+        with RecordWriter(sys.argv[1]) as writer, ProgramMeasurer(min_repeat_ms=300, slow_factor=float("inf"),
+                                                                  callbacks=[writer.write]) as m:
             print("measuring", flush=True)
             m.measure(inputs)
     except KeyboardInterrupt:

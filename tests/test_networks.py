@@ -25,7 +25,7 @@ from ansor.state.layout_rewrite import packed_layouts
 from ansor.log.measurement import MeasureResult
 from ansor.networks import (
     Network, NetworkError, TensorSpec, apply_best, apply_history_best, build, check_against_default,
-    compare_outputs, extract, extract_tasks, get_network, load_onnx, network_names, profile_calls, schedule_task,
+    compare_outputs, extract, get_network, load_onnx, network_names, profile_calls, schedule_task,
 )
 from ansor.log.records import RecordWriter
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
@@ -126,7 +126,7 @@ def test_bert_copies_are_skipped_not_tasks(extractions):
 
 @pytest.mark.parametrize("name", ["resnet-50", "bert"])
 def test_batch_16_extracts_the_same_structure(extractions, name):
-    tasks = extract_tasks(get_network(name, 16), TARGET)
+    tasks = extract(get_network(name, 16), TARGET).tasks
     n_tasks, n_weighted, _ = EXPECTED[name]
     assert (len(tasks), sum(t.weight for t in tasks)) == (n_tasks, n_weighted)
     batch_dim = "[16," if name == "resnet-50" else "[2048,"  # BERT's dense layers see batch * 128 tokens

@@ -78,7 +78,7 @@ def test_tiny_network_end_to_end(tuned):
 
 
 def test_each_task_measures_its_default_schedule_first(tuned):
-    from ansor.networks import default_state, extract_tasks, get_network
+    from ansor.networks import default_state, extract, get_network
     from ansor.log.records import load_records
     from ansor.target import host_target
 
@@ -87,7 +87,7 @@ def test_each_task_measures_its_default_schedule_first(tuned):
     first_round: dict[str, list[tuple]] = {}  # a task's first round measures 2 programs (--per-round 2)
     for record in load_records(log):
         first_round.setdefault(record.workload_key, []).append(record.steps)
-    tasks = extract_tasks(get_network("tiny-cnn", batch_size=1), host_target())
+    tasks = extract(get_network("tiny-cnn", batch_size=1), host_target()).tasks
     assert len(tasks) == TINY_TASKS
     for t in tasks:  # every task's first round measures its default schedule: tuning never regresses
         # (results are logged as they finish, so the default need not be the first line of its task)

@@ -179,3 +179,55 @@ def test_short_run_listens_on_loopback_only_then_resume_measures_nothing_twice(t
     assert spent.returncode == 0, spent.stderr[-2000:]
     assert "(12 resumed)" in spent.stdout and "Best program:" in spent.stdout
     assert not other.exists() or _steps_of(other) == []
+
+
+#: The files a record crosses from the script to the log, in call order: those on the stack when the writer
+#: appends it (docs/design.md lists them; a new hop on the way fails here).
+PATH_TO_A_RECORD = [
+    "scripts/tune_test.py",
+    "ansor/cli/main.py",
+    "ansor/cli/commands/tune_op.py",
+    "ansor/cli/running.py",
+    "ansor/tuning.py",
+    "ansor/measure/measurer.py",
+    "ansor/measure/runner_pool.py",
+    "ansor/log/records.py",
+]
+
+_STACK_AT_FIRST_APPEND = """
+import json, runpy, sys, traceback
+from ansor.log import records
+
+append, stacks = records.RecordWriter._append, []
+
+
+def traced(self, data):
+    if not stacks:
+        stacks.append([frame.filename for frame in traceback.extract_stack()])
+    return append(self, data)
+
+
+records.RecordWriter._append = traced
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as done:
+    assert not done.code, done.code
+print(json.dumps(stacks[0]))
+"""
+
+
+def test_a_record_crosses_at_most_eight_files_of_ours(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", _STACK_AT_FIRST_APPEND, str(SCRIPT), "--wkl", "matmul-64",
+                           "--n-trials", "1", "--per-round", "1", "--cost-model", "random", "--log-file",
+                           str(tmp_path / "mm.json")], capture_output=True, text=True, timeout=300, env=user_env(),
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    files: list[str] = []
+    for name in json.loads(proc.stdout.splitlines()[-1]):
+        path = Path(name).resolve()
+        ours = path.is_relative_to(ROOT) and path.relative_to(ROOT).parts[0] in ("ansor", "scripts")
+        if ours and str(path.relative_to(ROOT)) not in files:
+            files.append(str(path.relative_to(ROOT)))
+    assert files == PATH_TO_A_RECORD
+    assert len(files) <= 8

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from .arguments import MEMORY_GIB, ray_address_type
-from .running import OpenLog, run_main
-
-
-def run_tuning_main(run: Callable[[argparse.Namespace, OpenLog], int], args: argparse.Namespace) -> int:
-    """:func:`~ansor.cli.running.run_main` for a command that tunes into a log: ``run`` sets ``log.path``
-    while it appends, so Ctrl-C can name the log. Its flags were checked by their types while parsing."""
-    log = OpenLog()
-    return run_main(lambda a: run(a, log), args, log)
 
 
 def tuning_options(args: argparse.Namespace, callbacks: Sequence = ()):

@@ -51,3 +51,10 @@ def run_main(run: Callable[[argparse.Namespace], int], args: argparse.Namespace,
     except KeyboardInterrupt:
         print(f"\n{log.interrupted() if log else 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def run_tuning_main(run: Callable[[argparse.Namespace, OpenLog], int], args: argparse.Namespace) -> int:
+    """:func:`run_main` for a command that tunes into a log: ``run`` sets ``log.path`` while it appends,
+    so Ctrl-C can name the log."""
+    log = OpenLog()
+    return run_main(lambda a: run(a, log), args, log)

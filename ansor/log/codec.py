@@ -173,21 +173,6 @@ def parse_record_line(obj: dict, want_key: Optional[str] = None,
     return RecordLine(key, target, tuple(hw), steps, result)
 
 
-def record_json(key: str, target: str, hw: list[int], steps_json: list, result: MeasureResult) -> dict[str, Any]:
-    """The JSON object of a record line (what :func:`parse_record_line` reads back)."""
-    obj: dict[str, Any] = {
-        "i": [[key, target, hw], [[], steps_json]],
-        "r": [[float(c) for c in result.costs], int(result.error_no), float(result.all_cost),
-              float(result.timestamp)],
-        "v": RECORD_VERSION,
-    }
-    if result.node:
-        obj["node"] = result.node
-    if not result.checked:
-        obj["unchecked"] = 1
-    return obj
-
-
 class LoadCache:
     """What one load call parses once: PrimFunc texts, target strings, steps; one task per program+target.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from ..errors import short_message
 from ..state.layout_rewrite import PackedLayout
@@ -92,6 +92,15 @@ class MeasureResult:
     def retriable(self) -> bool:
         """The failure was the infrastructure's: it says nothing about the program."""
         return self.error_no == ErrorNo.INFRA_ERROR
+
+
+class MeasureCallback(Protocol):
+    """What sees each result the moment it is known: the measurer calls it once per finished candidate
+    (lists of one), in completion order, so a log written by one (``RecordWriter.write``) holds every
+    finished measurement even if the run is killed mid-batch. One with a ``close()`` is closed with the
+    measurer."""
+
+    def __call__(self, inputs: Sequence[MeasureInput], results: Sequence[MeasureResult]) -> None: ...
 
 
 def program_results(inputs: Sequence[MeasureInput],

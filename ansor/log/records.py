@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import BinaryIO, Collection, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, BinaryIO, Collection, Iterable, Iterator, Optional, Sequence, Union
 
 import tvm
 import tvm_ffi
@@ -31,7 +31,7 @@ from ..state.loop_state import State
 from .measurement import MeasureInput, MeasureResult
 from .codec import (
     RECORD_VERSION, CorruptLine, LoadCache, RecordLine, load_prim_func, parse_line,
-    parse_record_line, parse_workload_line, record_json,
+    parse_record_line, parse_workload_line,
 )
 from ..task.search_task import SearchTask
 from ..target import parse_target, target_to_str
@@ -183,8 +183,7 @@ class RecordWriter:
     def write_record(self, task: SearchTask, steps: Sequence[Step], result: MeasureResult) -> None:
         """Append one record given its step list (no :class:`State` needed, e.g. when copying records)."""
         key = task.workload_key
-        text = json.dumps(record_json(key, task.target_str, task.hardware_params.to_json(), steps_to_json(steps),
-                                      result)) + "\n"
+        text = _record_line(task, steps, result)
         if not self._has_program(key, task.func):
             text = _workload_line(task) + text
             self._programs[key] = task.func
@@ -254,6 +253,21 @@ def save_records(path: PathLike, inputs: Sequence[MeasureInput], results: Sequen
     """Append measured inputs and results to the log at ``path``."""
     with RecordWriter(path) as writer:
         writer.write(inputs, results)
+
+
+def _record_line(task: SearchTask, steps: Sequence[Step], result: MeasureResult) -> str:
+    """A record line (what :func:`~ansor.log.codec.parse_record_line` reads back)."""
+    obj: dict[str, Any] = {
+        "i": [[task.workload_key, task.target_str, task.hardware_params.to_json()], [[], steps_to_json(steps)]],
+        "r": [[float(c) for c in result.costs], int(result.error_no), float(result.all_cost),
+              float(result.timestamp)],
+        "v": RECORD_VERSION,
+    }
+    if result.node:
+        obj["node"] = result.node
+    if not result.checked:
+        obj["unchecked"] = 1
+    return json.dumps(obj) + "\n"
 
 
 def _workload_line(task: SearchTask) -> str:

@@ -7,18 +7,18 @@ Ray (:class:`ProgramMeasurer` and the builders and runners behind it) is importe
 from importlib import import_module
 from typing import Any
 
-from ..log.measurement import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span, program_results
+from ..log.measurement import (
+    MAX_COST, BuildResult, ErrorNo, MeasureCallback, MeasureInput, MeasureResult, Span, program_results,
+)
 
 _LAZY = {
     "ProgramBuilder": ".measurer",
     "ProgramMeasurer": ".measurer",
     "ProgramRunner": ".measurer",
-    "MeasureCallback": ".callbacks",
-    "ProgressLogger": ".callbacks",
-    "RecordToFile": ".callbacks",
 }
 
-__all__ = ["MAX_COST", "BuildResult", "ErrorNo", "MeasureInput", "MeasureResult", "Span", "program_results", *_LAZY]
+__all__ = ["MAX_COST", "BuildResult", "ErrorNo", "MeasureCallback", "MeasureInput", "MeasureResult", "Span",
+           "program_results", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -37,7 +37,7 @@ def float_tolerance(dtype: np.dtype) -> Tolerance:
     return FLOAT_TOLERANCE.get(np.dtype(dtype).itemsize, FLOAT_TOLERANCE[4])
 
 
-def compare_outputs(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
+def output_mismatch(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
                     skip: AbstractSet[int] = frozenset()) -> str:
     """Empty if every argument matches the reference, else which one differs, where, and by how much.
 
@@ -60,18 +60,6 @@ def compare_outputs(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
             return (f"wrong answer: argument {i} differs from the reference at {int(bad.sum())} of {bad.size} "
                     f"elements (first at {where}: {g[where]} instead of {w[where]}{tol})")
     return ""
-
-
-def worst_error_ratio(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:
-    """Largest |got - want| / allowed difference over the float arguments (< 1 passes), for margins."""
-    worst = 0.0
-    for g, w in zip(got, want):
-        if np.issubdtype(w.dtype, np.floating) and g.shape == w.shape:
-            finite = np.isfinite(w) & np.isfinite(g)
-            if finite.any():
-                allowed = _allowed(w)
-                worst = max(worst, float(np.max(np.abs(g[finite] - w[finite]) / allowed[finite])))
-    return worst
 
 
 def _allowed(w: np.ndarray) -> np.ndarray:

@@ -28,11 +28,10 @@ from typing import Callable, ContextManager, Iterable, Optional, Protocol, Seque
 import ray
 
 from ..errors import AnsorError, short_message
-from ..log.measurement import MAX_COST, BuildResult, ErrorNo, MeasureInput, MeasureResult, Span
+from ..log.measurement import MAX_COST, BuildResult, ErrorNo, MeasureCallback, MeasureInput, MeasureResult, Span
 from ..task.search_task import SearchTask
 from ..target import device_kind
 from .builder import DEFAULT_BUILD_TIMEOUT, BuildJob, RayBuilder
-from .callbacks import MeasureCallback
 from .host_lock import HostLock, host_lock_path
 from .ray_session import RaySession
 from .runner import RunConfig, RunReply
@@ -92,8 +91,9 @@ class ProgramMeasurer:
     build_timeout, run_timeout
         Seconds per build and per run (check + timing) before the worker is killed.
     number, repeat, min_repeat_ms, enable_cpu_cache_flush, slow_factor
-        Timing parameters, see :class:`~ansor.measure.runner.RunConfig` (``slow_factor``: a candidate this
-        many times slower than its task's best so far is timed by one run only; ``inf`` times all fully).
+        Timing parameters, defaults and meaning in :class:`~ansor.measure.runner.RunConfig` (``slow_factor``:
+        a candidate this many times slower than its task's best so far is timed by one run only; ``inf``
+        times all fully).
     check_correctness
         Compare each candidate's outputs with those of the task's unscheduled program (``WRONG_ANSWER``,
         tolerances in :mod:`ansor.measure.check`).
@@ -114,9 +114,10 @@ class ProgramMeasurer:
     """
 
     def __init__(self, ray_address: Optional[str] = None, *, build_timeout: float = DEFAULT_BUILD_TIMEOUT,
-                 run_timeout: float = DEFAULT_RUN_TIMEOUT, number: int = 1, repeat: int = 3,
-                 min_repeat_ms: int = 100, enable_cpu_cache_flush: bool = True, slow_factor: float = 5.0,
-                 check_correctness: bool = True,
+                 run_timeout: float = DEFAULT_RUN_TIMEOUT, number: int = RunConfig.number,
+                 repeat: int = RunConfig.repeat, min_repeat_ms: int = RunConfig.min_repeat_ms,
+                 enable_cpu_cache_flush: bool = RunConfig.enable_cpu_cache_flush,
+                 slow_factor: float = RunConfig.slow_factor, check_correctness: bool = True,
                  reference_timeout: float = DEFAULT_REFERENCE_TIMEOUT,
                  build_memory_gib: Optional[float] = None,
                  host_lock: Optional[str] = _DEFAULT_LOCK,

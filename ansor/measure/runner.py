@@ -21,24 +21,28 @@ import tvm
 from ..task import program
 from ..state.layout_rewrite import PackedLayout, pack_arguments
 from ..log.measurement import ErrorNo, MAX_COST, error_text
-from .check import compare_outputs
+from .check import output_mismatch
 from .ray_session import current_node
 from .shipping import TaskHandle
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """How a candidate is timed (arguments of TVM's ``time_evaluator``).
+    """How a candidate is timed: the one definition of the timing defaults (``ProgramMeasurer``'s and
+    ``ansor.RunnerOptions``' defaults are these fields).
 
-    The defaults time each candidate over ``repeat`` = 3 repeats of about ``min_repeat_ms`` = 100 ms each:
-    a first single run (the probe) gives the count of runs per repeat, so a 10 µs kernel runs ~10^4 times
-    per repeat while a 50 ms one runs twice; ``number`` is the least count. With ``enable_cpu_cache_flush`` the
-    CPU caches are flushed of every argument but the first before *each run* (so each repeat is the mean of
-    that many single runs, at most ``program.MAX_COLD_RUNS``): in a network the input was just written by the
-    previous call while the weights and other operands come cold from memory. Ansor flushed once per repeat
-    of ``number`` runs, which times all but the first run with hot weights: BERT-base's dense layers ran
-    10 % slower in the network than their logged times, while flushed single runs were within 1-5 % of
-    their in-network times (docs/design.md). Reported costs are the per-repeat means, in seconds.
+    The defaults time each candidate over ``repeat`` = 3 repeats of about ``min_repeat_ms`` = 15 ms each:
+    enough to rank candidates on a noisy machine while keeping a short run short (cv ~3 % on the best
+    matmul-512 candidates, 48 ms per candidate instead of ~210 ms with 3 x 40 ms and TVM's own loop; see
+    docs/design.md). Final numbers are re-timed for longer by the scripts. A first single run (the probe)
+    gives the count of runs per repeat, so a 10 µs kernel runs 1,500 times per repeat while a 50 ms one
+    runs once; ``number`` is the least count. With ``enable_cpu_cache_flush`` the CPU caches are flushed of
+    every argument but the first before *each run* (so each repeat is the mean of that many single runs, at
+    most ``program.MAX_COLD_RUNS``): in a network the input was just written by the previous call while the
+    weights and other operands come cold from memory. Ansor flushed once per repeat of ``number`` runs,
+    which times all but the first run with hot weights: BERT-base's dense layers ran 10 % slower in the
+    network than their logged times, while flushed single runs were within 1-5 % of their in-network times
+    (docs/design.md). Reported costs are the per-repeat means, in seconds.
 
     Most of a search's candidates are far from the best, and a slow one would take the longest to time.
     So each candidate is first run once; if that run is ``slow_factor`` times slower than the fastest
@@ -53,7 +57,7 @@ class RunConfig:
 
     number: int = 1
     repeat: int = 3
-    min_repeat_ms: int = 100
+    min_repeat_ms: int = 15
     enable_cpu_cache_flush: bool = True
     slow_factor: float = 5.0
 
@@ -124,7 +128,7 @@ class Runner:
                 module["main"](*args)
                 self._device.sync()
                 checked = time.perf_counter() - t0
-                mismatch = compare_outputs([a.numpy() for a in args], self._reference(handle.key, reference),
+                mismatch = output_mismatch([a.numpy() for a in args], self._reference(handle.key, reference),
                                            skip={layout.index for layout in packed})
                 if mismatch:
                     return self._error(ErrorNo.WRONG_ANSWER, mismatch, start)

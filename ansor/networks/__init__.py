@@ -19,7 +19,7 @@ from .evaluate import (
     CallProfile, OutputComparison, Timing, build, check_against_default, compare_outputs, profile_calls, run,
     runtime_threads, time_network,
 )
-from .extract import Extraction, NetworkTask, SkippedFunc, extract, extract_tasks, fuse
+from .extract import Extraction, NetworkTask, SkippedFunc, extract, fuse
 from .network import Network, NetworkError, TensorSpec
 from .onnx_import import load_onnx
 from .prepare import prepare
@@ -29,6 +29,6 @@ __all__ = [
     "CallProfile", "Extraction", "Network", "NetworkError", "NetworkTask", "OutputComparison", "SkippedFunc", "TensorSpec",
     "Timing", "apply_best", "apply_history_best", "build", "check_against_default", "compare_outputs",
     "ScheduledFunc", "copy_schedule", "default_candidates", "default_scheduled", "default_state", "default_tir_schedule", "describe_network",
-    "extract", "extract_tasks", "fuse", "get_network", "load_onnx", "network_names",
+    "extract", "fuse", "get_network", "load_onnx", "network_names",
     "prepare", "profile_calls", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network",
 ]

@@ -215,12 +215,6 @@ def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] 
     return Extraction(mod, tasks, skipped, network)
 
 
-def extract_tasks(network: Network, target: Union[str, dict, tvm.target.Target, None] = None,
-                  layout: str = "NHWC", winograd: bool = True, fast_math: bool = True) -> list[NetworkTask]:
-    """The weighted tuning tasks of ``network`` (see :func:`extract` for the fused module and the skips)."""
-    return extract(network, target, layout, winograd, fast_math).tasks
-
-
 def _uniquify_names(tasks: list[NetworkTask], long_names: dict[int, str]) -> None:
     """Make task names unique: add output shapes where names clash, then numbers (``a + b`` vs ``b + a``)."""
     clash = Counter(t.name for t in tasks)

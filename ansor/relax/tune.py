@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Union
 
@@ -25,9 +25,9 @@ from ..log.database import Database, as_database
 from ..errors import AnsorError
 from ..log.measurement import MeasureInput, MeasureResult
 from ..networks import NetworkTask, default_candidates, extract
-from ..log.records import Record, RecordWriter, load_records
+from ..log.records import Record
 from ..task.search_task import TargetLike
-from ..tuning import TuningOptions, make_cost_model, make_measurer
+from ..tuning import TuningOptions, log_history, log_path, make_cost_model, measuring_into, with_trials
 from .model import Params, as_network
 
 logger = logging.getLogger("ansor")
@@ -114,28 +114,23 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
     on_history
         Called once with (records resumed from the log, records reused from the database) by workload key.
     """
-    from ..task_scheduler import tune_tasks as schedule_tasks
+    from ..task_scheduler import schedule_tasks
 
     if not tasks:
         raise AnsorError("no task to tune (the model has no PrimFunc worth a search)")
     if strategy not in ("gradient", "round-robin"):
         raise AnsorError(f"unknown strategy {strategy!r}; valid: gradient, round-robin")
-    options = options or TuningOptions()
-    if trials is not None:
-        options = replace(options, num_measure_trials=trials)
+    options = with_trials(options, trials)
     db = as_database(database)
-    path = Path(log_file)
-    if path.is_dir():
-        raise AnsorError(f"log {path} is a directory; give a file path (example: logs/net.json)")
-    target = tasks[0].task.target
+    path = log_path(log_file, example="logs/net.json")
     keys = [t.workload_key for t in tasks]
     own: dict[str, list[Record]] = {}
     if resume and path.exists():
-        for rec in load_records(path, target=target):
-            if rec.workload_key in keys:
-                own.setdefault(rec.workload_key, []).append(rec)
+        for rec in log_history(path, [t.task for t in tasks]):
+            own.setdefault(rec.workload_key, []).append(rec)
     # Without resume the run's own log is one more log of the database (a rerun finds its tasks done).
     exclude = [path] if resume else []
+    target = tasks[0].task.target
     reused = {k: v for k, v in (db.history(keys, target, exclude=exclude) if db else {}).items() if k not in own}
     if on_history:
         on_history(own, reused)
@@ -152,13 +147,7 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
 
     if resumed < options.num_measure_trials and any(k not in reused for k in keys):
         model = make_cost_model(options)
-        with RecordWriter(path) as writer, make_measurer(options, [writer.write, count]) as measurer:
-
-            def round_done(rnd) -> None:
-                writer.sync()  # each round's measurements survive a power loss too
-                if on_round is not None:
-                    on_round(rnd)
-
+        with measuring_into(path, options, on_round, [count]) as (measurer, round_done):
             schedule_tasks([t.task for t in tasks], [t.weight for t in tasks], options.num_measure_trials, measurer,
                            model, per_round=options.num_measures_per_round, strategy=strategy,
                            early_stopping=options.early_stopping, seed=options.seed, search=options.search,

@@ -17,7 +17,8 @@ run the QKV dense task got 586 trials after its last gain (the FFN up-projection
 products, the layer norm and the softmax got 32-64 trials each, though each gains 19-46 % more at 192.
 
 :class:`Allocator` is the pure decision logic (tested on synthetic latency curves);
-:func:`tune_tasks` drives it with real policies, one shared cost model and a measurer.
+:func:`schedule_tasks` makes it the schedule of the tuning loop (:func:`ansor.tuning.run_rounds`) with real
+policies, one shared cost model and a measurer.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from ..state.loop_state import State
 from ..log.measurement import MAX_COST
-from ..log.records import Record, load_records, other_targets_message
+from ..log.records import Record
 from ..task.search_task import SearchTask
 from ..sketch.policy import SearchParams, SketchPolicy
-from ..tuning import feed_history, measure_round
+from ..tuning import Round, feed_history, run_rounds
 
 logger = logging.getLogger("ansor")
 
@@ -153,61 +154,66 @@ class SchedulerRound:
     seconds: float
 
 
-def tune_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: int, measurer, model,
-               per_round: int = 16, strategy: str = "gradient", early_stopping: Optional[int] = None,
-               seed: int = 0, search: Optional[SearchParams] = None, resume_from: Optional[str] = None,
-               on_round: Optional[Callable[[SchedulerRound], None]] = None,
-               first: Optional[Sequence[Sequence[State]]] = None, time_limit: Optional[float] = None,
-               history: Optional[Mapping[str, Sequence[Record]]] = None,
-               tuned_elsewhere: Optional[Mapping[str, Sequence[Record]]] = None) -> Allocator:
+def schedule_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: int, measurer, model,
+                   per_round: int = 16, strategy: str = "gradient", early_stopping: Optional[int] = None,
+                   seed: int = 0, search: Optional[SearchParams] = None,
+                   on_round: Optional[Callable[[SchedulerRound], None]] = None,
+                   first: Optional[Sequence[Sequence[State]]] = None, time_limit: Optional[float] = None,
+                   history: Optional[Mapping[str, Sequence[Record]]] = None,
+                   tuned_elsewhere: Optional[Mapping[str, Sequence[Record]]] = None) -> Allocator:
     """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator.
 
     ``first[i]``: states of task ``i`` measured in its first round, before anything searched. A network
     passes each task's default schedule, so a tuned task is never slower than its untuned build.
     ``time_limit``: seconds after which no new round starts (the trial budget may end it first).
-    ``history`` (records by workload key, like the log ``resume_from``) continues this run: it counts
-    towards ``n_trials``. ``tuned_elsewhere`` (a database's records of other runs) teaches the policies,
-    the model and the allocator, but its tasks get no rounds and its records do not count.
+    ``history`` (records by workload key, e.g. the run's own log) continues this run: it counts towards
+    ``n_trials``. ``tuned_elsewhere`` (a database's records of other runs) teaches the policies, the model
+    and the allocator, but its tasks get no rounds and its records do not count.
     """
     states = [TaskState(float(w), t.flop_ct, tag=_tag(t)) for t, w in zip(tasks, weights)]
     alloc = Allocator(states, strategy=strategy, early_stopping=early_stopping, seed=seed)
     firsts = list(first) if first is not None else [()] * len(tasks)
     policies = [SketchPolicy(t, model, seed=seed + i, params=search, first=f)
                 for i, (t, f) in enumerate(zip(tasks, firsts))]
-    start = time.perf_counter()
+    schedule = _AllocatorSchedule(alloc, time_limit, on_round)
     by_key: dict[str, list[Record]] = {k: list(v) for k, v in (history or {}).items()}
-    if resume_from:
-        for record in load_records(resume_from, target=tasks[0].target if tasks else None):
-            by_key.setdefault(record.workload_key, []).append(record)
-        if tasks and not any(by_key.get(t.workload_key) for t in tasks):
-            note = other_targets_message(resume_from, tasks[0].target, {t.workload_key for t in tasks})
-            if note:
-                logger.warning("resuming nothing: %s", note)
     used = _feed(tasks, policies, alloc, model, by_key) if by_key else 0
     elsewhere = {k: v for k, v in (tuned_elsewhere or {}).items() if v and not by_key.get(k)}
     if elsewhere:
         _feed(tasks, policies, alloc, model, elsewhere)
         for i, task in enumerate(tasks):
             alloc.tasks[i].dead = alloc.tasks[i].dead or task.workload_key in elsewhere
-    while used < n_trials:
-        if time_limit is not None and time.perf_counter() - start >= time_limit:
-            logger.info("time limit of %.0f s reached after %d trials", time_limit, used)
-            break
-        index = alloc.next_task()
-        if index is None:
-            break
-        t0 = time.perf_counter()
-        rnd = measure_round(tasks[index], policies[index], model, measurer.measure, min(per_round, n_trials - used))
-        if rnd is None:
-            alloc.tasks[index].dead = True
-            continue
+    run_rounds(tasks, policies, model, measurer.measure, n_trials, used, per_round, schedule)
+    return alloc
+
+
+class _AllocatorSchedule:
+    """The allocator as the tuning loop's :class:`~ansor.tuning.RoundSchedule`: it picks each round's task,
+    and no round starts ``time_limit`` seconds after this object was made (the history's feeding counts)."""
+
+    def __init__(self, alloc: Allocator, time_limit: Optional[float],
+                 on_round: Optional[Callable[[SchedulerRound], None]]):
+        self.alloc = alloc
+        self.time_limit = time_limit
+        self.on_round = on_round
+        self.start = time.perf_counter()
+
+    def next_task(self, trials: int) -> Optional[int]:
+        if self.time_limit is not None and time.perf_counter() - self.start >= self.time_limit:
+            logger.info("time limit of %.0f s reached after %d trials", self.time_limit, trials)
+            return None
+        return self.alloc.next_task()
+
+    def round_done(self, index: int, rnd: Round, trials: int) -> None:
+        alloc = self.alloc
         best = min([r.mean_cost for r in rnd.results if r.ok] + [alloc.tasks[index].best_cost])
         alloc.record(index, len(rnd.inputs), best)
-        used += len(rnd.inputs)
-        if on_round:
-            on_round(SchedulerRound(index, used, [t.best_cost for t in alloc.tasks], alloc.objective(),
-                                    time.perf_counter() - t0))
-    return alloc
+        if self.on_round:
+            self.on_round(SchedulerRound(index, trials, [t.best_cost for t in alloc.tasks], alloc.objective(),
+                                         rnd.seconds))
+
+    def exhausted(self, index: int, trials: int) -> None:
+        self.alloc.tasks[index].dead = True
 
 
 def _tag(task: SearchTask) -> str:

@@ -37,9 +37,8 @@ class Run:
 
 def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) -> Run:
     from ansor.task import program
-    from ansor.measure import RecordToFile
     from ansor.task.search_task import SearchTask
-    from ansor.tuning import TuningOptions, auto_schedule, make_measurer
+    from ansor.tuning import TuningOptions, auto_schedule, measuring_into
 
     task = SearchTask.from_workload(wkl)
     curve: list[float] = []
@@ -51,8 +50,8 @@ def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) ->
 
     t0 = time.time()
     options = TuningOptions(num_measure_trials=trials, seed=seed)  # the scripts' timing and measurer
-    with make_measurer(options, [RecordToFile(log), track]) as measurer:
-        result = auto_schedule(task, options, measurer, model)
+    with measuring_into(log, options, callbacks=[track]) as (measurer, round_done):
+        result = auto_schedule(task, options, measurer, model, on_round=round_done)
     wall = time.time() - t0
     module = program.build(task, result.best_state)
     cost = program.time_module(module, program.random_inputs(task))

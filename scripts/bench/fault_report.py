@@ -79,8 +79,8 @@ def measure_with_fault(name: str, tmp: Path, bad, expect: Optional[str], measure
 
     ``during(first_result)`` runs in a thread meanwhile (to kill a process once the batch is under way).
     """
-    from ansor.measure import ErrorNo, ProgramMeasurer, RecordToFile
-    from ansor.log.records import load_records
+    from ansor.measure import ErrorNo, ProgramMeasurer
+    from ansor.log.records import RecordWriter, load_records
 
     log = tmp / f"{name.replace(' ', '_')}.json"
     seen = []
@@ -94,7 +94,7 @@ def measure_with_fault(name: str, tmp: Path, bad, expect: Optional[str], measure
         seen.extend(results)
         first.set()
 
-    with ProgramMeasurer(callbacks=[RecordToFile(log), record], **measurer_args) as m:
+    with RecordWriter(log) as writer, ProgramMeasurer(callbacks=[writer.write, record], **measurer_args) as m:
         results = m.measure(inputs)
     if thread:
         thread.join(60)
@@ -181,9 +181,9 @@ def lost_node(tmp: Path) -> Row:
     import ray
     from ray.cluster_utils import Cluster
 
-    from ansor.measure import ErrorNo, ProgramMeasurer, RecordToFile
+    from ansor.measure import ErrorNo, ProgramMeasurer
     from ansor.measure.ray_session import loopback_only
-    from ansor.log.records import load_records
+    from ansor.log.records import RecordWriter, load_records
 
     log = tmp / "lost_node.json"
     seen = []
@@ -198,8 +198,9 @@ def lost_node(tmp: Path) -> Row:
                 if len(seen) == 2:
                     cluster.remove_node(worker)
 
-            with ProgramMeasurer(cluster.address, min_repeat_ms=100, slow_factor=float("inf"),
-                                 callbacks=[RecordToFile(log), remove_after_two]) as m:
+            with RecordWriter(log) as writer, \
+                    ProgramMeasurer(cluster.address, min_repeat_ms=100, slow_factor=float("inf"),
+                                    callbacks=[writer.write, remove_after_two]) as m:
                 results = m.measure(healthy(7))
                 after = m.measure(healthy(2))
         finally:

@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    from ..options import run_tuning_main
+    from ..running import run_tuning_main
     return run_tuning_main(run, args)
 
 

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    from ..options import run_tuning_main
+    from ..running import run_tuning_main
     return run_tuning_main(run, args)
 
 
@@ -106,7 +106,7 @@ def report_best(task, state, tuned_cost: float) -> int:
     cluster's GPU) is reported instead. Returns the exit status: 1 if the program is wrong.
     """
     from ...task import program
-    from ...measure.check import compare_outputs
+    from ...measure.check import output_mismatch
     from ...target import device_kind
     from ...task.workloads import get_workload
     from ..running import EXIT_FAILED
@@ -125,7 +125,7 @@ def report_best(task, state, tuned_cost: float) -> int:
     args = program.random_inputs(task, seed=1)
     got = program.run(module, args, device=device)
     expected = get_workload(task.workload_key).reference(args[: len(args) - 1])
-    mismatch = compare_outputs(got[-1:], expected[-1:])
+    mismatch = output_mismatch(got[-1:], expected[-1:])
     if mismatch:
         print(f"error: the best program's output differs from numpy's: {mismatch}", file=sys.stderr)
         return EXIT_FAILED
