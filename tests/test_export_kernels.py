@@ -34,7 +34,7 @@ def cpu_log(tmp_path_factory):
     with RecordWriter(path) as writer:
         for state in states:
             args = program.random_inputs(task)
-            cost = program.time_module(program.build(task, state), args, repeat=3, min_repeat_ms=5)
+            cost = program.time_module(program.build_program(task, state), args, repeat=3, min_repeat_ms=5)
             writer.write_record(task, state.steps, MeasureResult((cost,), ErrorNo.NO_ERROR))
         writer.write_record(task, states[0].steps, MeasureResult((1e10,), ErrorNo.RUNTIME_DEVICE, "crashed"))
     return path

@@ -16,7 +16,7 @@ from scipy import special
 from tvm import relax, te
 
 from ansor.state.compute_dag import ComputeDAG
-from ansor.networks import Network, TensorSpec, apply_best, build, compare_outputs, extract, run
+from ansor.networks import Network, TensorSpec, apply_schedules, build, compare_outputs, extract, run
 from ansor.networks import fast_math
 
 PORTABLE = {"kind": "llvm", "mcpu": "x86-64", "num-cores": 2}
@@ -214,7 +214,7 @@ def test_hardswish_hardsigmoid_and_rsqrt_vectorize_through_the_pipeline():
     net = Network("hard", bb.get(), (TensorSpec("x", (8, 256), "float32"),), (), 8, "")
     target = ASM_TARGETS["haswell"]
     ex = extract(net, target)
-    asm = build(apply_best(ex.mod, ex.tasks, {}, target=target), target).mod.imports[0].inspect_source("asm")
+    asm = build(apply_schedules(ex.mod, ex.tasks, {}, target=target), target).mod.imports[0].inspect_source("asm")
     assert not {c for c in _calls(asm) if LIBM.match(c)}, _calls(asm)
     for packed in ("vsqrtps", "vmaxps", "vminps"):
         assert re.search(rf"\b{packed}\s.*ymm", asm), packed
@@ -281,13 +281,13 @@ def test_network_with_silu_and_gelu_builds_fast_and_matches_numpy():
         assert fused in names, names
     assert "tir_sigmoid" not in names and "erf" not in names.replace("fast_", ""), names
     assert any(t.name.startswith("fused_conv2d_add_fast_silu ") for t in ex.tasks), names  # one stage, fused
-    exe = build(apply_best(ex.mod, ex.tasks, {}, target=target), target)
+    exe = build(apply_schedules(ex.mod, ex.tasks, {}, target=target), target)
     assert not {c for c in _calls(exe.mod.imports[0].inspect_source("asm")) if LIBM.match(c)}
     inputs = net.random_inputs(0)
     got = run(exe, ex.network, inputs, target)[0]
     want = _numpy_forward(inputs[0], net.params)
     assert np.abs(got - want).max() <= 1e-5 + 1e-4 * np.abs(want).max()  # compare_outputs' tolerance
-    exact = build(apply_best(*_extracted(net, target, fast_math=False), {}, target=target), target)
+    exact = build(apply_schedules(*_extracted(net, target, fast_math=False), {}, target=target), target)
     assert compare_outputs(ex.network, exe, exact, target).ok
 
 
@@ -329,7 +329,7 @@ def test_exp_log_softmax_erf_and_tanh_through_the_pipeline_match_numpy():
     ex = extract(net, PORTABLE)
     assert sorted(t.name.split(" ")[0] for t in ex.tasks) == ["fast_erf", "fast_exp", "fast_log_softmax", "fast_tanh"]
     value = np.random.default_rng(1).normal(0, 4, (3, 40)).astype(np.float32)
-    got = run(build(apply_best(ex.mod, ex.tasks, {}, target=PORTABLE), PORTABLE), ex.network, [value], PORTABLE)
+    got = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=PORTABLE), PORTABLE), ex.network, [value], PORTABLE)
     v = value.astype(np.float64)
     shifted = v - v.max(axis=-1, keepdims=True)
     wants = [np.exp(v), shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)), special.erf(v), np.tanh(v)]

@@ -212,7 +212,7 @@ def test_tuned_program_runs_correctly_on_a_gpu():
     task = cuda_task("matmul-512")
     state = sample_initial_population(task, generate_sketches(task), 1, random.Random(9))[0]
     args = program.random_inputs(task, seed=1)
-    got = program.run(program.build(task, state), args, device=tvm.cuda())
+    got = program.run_program(program.build_program(task, state), args, device=tvm.cuda())
     np.testing.assert_allclose(got[-1], get_workload("matmul-512").reference(args[:-1])[-1], rtol=1e-3, atol=1e-3)
 
 

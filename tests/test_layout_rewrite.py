@@ -59,7 +59,7 @@ def test_runtime_input_packed_in_the_kernel_gives_the_same_answer():
     state = tiled_matmul(task, pack=True)
     mod = program.schedule(task, state)
     assert "B_global" in mod.script() and PREPROC_ANNOTATION not in mod.script()  # an in-kernel copy
-    got = program.run(program.build(task, state), args)[-1]
+    got = program.run_program(program.build_program(task, state), args)[-1]
     np.testing.assert_allclose(got, want, rtol=1e-4)
     assert program.kernel(task, state)[1] == []  # nothing is pre-packed: the kernel takes B as given
 
@@ -71,11 +71,11 @@ def test_constant_weight_is_prepacked_outside_the_measured_kernel():
     state = tiled_matmul(task, pack=True)
     assert PREPROC_ANNOTATION in program.schedule(task, state).script()
     # The scheduled module packs B itself (a network build folds that block away) ...
-    np.testing.assert_allclose(program.run(program.build(task, state), args)[-1], want, rtol=1e-4)
+    np.testing.assert_allclose(program.run_program(program.build_program(task, state), args)[-1], want, rtol=1e-4)
     # ... the measured kernel takes B packed.
     module, layouts = program.build_kernel(task, state)
     assert [(lay.param, lay.index, lay.packed_shape) for lay in layouts] == [("B", 1, (2, 2, 4, 16, 16))]
-    np.testing.assert_allclose(program.run(module, pack_arguments(layouts, args))[-1], want, rtol=1e-4)
+    np.testing.assert_allclose(program.run_program(module, pack_arguments(layouts, args))[-1], want, rtol=1e-4)
 
 
 def test_which_arguments_can_be_packed():
@@ -100,5 +100,5 @@ def test_random_programs_with_packed_conv_weights_are_correct(name):
     for state in packed[:3]:
         module, layouts = program.build_kernel(task, state)
         assert [lay.param for lay in layouts] == [task.compute_dag.param_names[1]]
-        got = program.run(module, pack_arguments(layouts, args))[-1]
+        got = program.run_program(module, pack_arguments(layouts, args))[-1]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -102,10 +102,10 @@ def test_cases_use_all_14_steps():
 def test_replay_compiles_and_matches_numpy(name):
     task, state = scheduled(name)
     task.compute_dag.replay(state, verify=True)  # every loop extent agrees with the State
-    module = program.build(task, state)
+    module = program.build_program(task, state)
     args = program.random_inputs(task, seed=1)
     expected = get_workload(name).reference(args[: len(args) - 1])
-    got = program.run(module, args)
+    got = program.run_program(module, args)
     np.testing.assert_allclose(got[-1], expected[-1], rtol=1e-4, atol=1e-4)
 
 
@@ -210,7 +210,7 @@ def test_a_reduction_is_computed_under_the_loop_of_all_its_consumers():
     mod = task.compute_dag.replay(s, verify=True).mod
     assert mod.script().count("T.parallel(") == 1
     args = program.random_inputs(task, seed=1)
-    got = program.run(program.build(task, s), args)
+    got = program.run_program(program.build_program(task, s), args)
     want = get_workload("softmax-64x128").reference(args[:-1])[-1]
     np.testing.assert_allclose(got[-1], want, rtol=1e-5, atol=1e-6)
 
@@ -316,5 +316,5 @@ def test_a_vectorized_loop_is_replayed_in_power_of_two_vectors(lanes, pieces):
     else:
         assert f"T.vectorized({lanes})" not in text and f"T.vectorized({piece})" in text and pieces in text
     a, b = (np.random.default_rng(0).random(shape, dtype="float32") for shape in ((8, 8), (8, 2 * lanes)))
-    c = program.run(program.build(task, s), [a, b, np.zeros((8, 2 * lanes), "float32")])[2]
+    c = program.run_program(program.build_program(task, s), [a, b, np.zeros((8, 2 * lanes), "float32")])[2]
     np.testing.assert_allclose(c, a @ b, rtol=1e-5)

@@ -30,9 +30,9 @@ def test_scaled_outputs_fail_and_reordered_reductions_pass():
     for name in ("softmax-4x1024", "conv2d-nhwc-small", "matmul-128"):
         task = SearchTask.from_workload(name, TARGET)
         args = program.random_inputs(task)
-        want = program.run(program.build(task, None), args)
+        want = program.run_program(program.build_program(task, None), args)
         for state in candidates(task, 4):  # tiled, unrolled, vectorized, rfactor-ed: reductions reordered
-            got = program.run(program.build(task, state), args)
+            got = program.run_program(program.build_program(task, state), args)
             assert output_mismatch(got, want) == "", (name, state.steps)
         for factor in (0.5, 1.5):
             scaled = want[:-1] + [want[-1] * np.float32(factor)]
@@ -41,7 +41,7 @@ def test_scaled_outputs_fail_and_reordered_reductions_pass():
     # Why the tolerance must scale: softmax-4x1024 outputs are ~1e-3, and the former fixed tolerance
     # (rtol = atol = 1e-3) took half of them for the real thing.
     softmax = SearchTask.from_workload("softmax-4x1024", TARGET)
-    out = program.run(program.build(softmax, None), program.random_inputs(softmax))[-1]
+    out = program.run_program(program.build_program(softmax, None), program.random_inputs(softmax))[-1]
     assert out.max() < 2e-3 and np.allclose(out * 0.5, out, rtol=1e-3, atol=1e-3)
 
 

@@ -24,7 +24,7 @@ from ansor.errors import AnsorError, RecordError
 from ansor.state.layout_rewrite import packed_layouts
 from ansor.log.measurement import MeasureResult
 from ansor.networks import (
-    Network, NetworkError, TensorSpec, apply_best, apply_history_best, build, check_against_default,
+    Network, NetworkError, TensorSpec, apply_schedules, apply_history_best, build, check_against_default,
     compare_outputs, extract, get_network, load_onnx, network_names, profile_calls, schedule_task,
 )
 from ansor.log.records import RecordWriter
@@ -137,7 +137,7 @@ def test_batch_16_extracts_the_same_structure(extractions, name):
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_default_schedule_is_parallel_and_vectorized(extractions, name):
     _, ex = extractions[name]
-    mod = apply_best(ex.mod, ex.tasks, {}, target=TARGET)
+    mod = apply_schedules(ex.mod, ex.tasks, {}, target=TARGET)
     for t in ex.tasks:
         for gv in t.global_vars:
             # a Winograd input transform's loads have non-affine tile indices, which the vectorizer's
@@ -161,7 +161,7 @@ def test_tuned_tiny_cnn_matches_default_build(extractions):
             states = sample_initial_population(t.task, generate_sketches(t.task), 3, rng)
             assert states, t.name
             schedules[t.workload_key] = states[-1]
-        tuned = apply_best(ex.mod, ex.tasks, schedules, target=TARGET)
+        tuned = apply_schedules(ex.mod, ex.tasks, schedules, target=TARGET)
         for t in ex.tasks:
             want = schedule_task(t.task, schedules[t.workload_key]).kernel  # weights are constants: packed
             assert tvm_ffi.structural_equal(tuned[t.global_vars[0]].body, want.body)
@@ -177,7 +177,7 @@ def test_call_profile_times_every_kernel_call_of_an_inference(extractions):
     ran faster than its smallest one)."""
     net, ex = extractions["tiny-cnn"]
     naive = {t.workload_key: t.task.compute_dag.init_state() for t in ex.tasks}
-    exe = build(apply_best(ex.mod, ex.tasks, naive, target=TARGET), TARGET)
+    exe = build(apply_schedules(ex.mod, ex.tasks, naive, target=TARGET), TARGET)
     profile = profile_calls(exe, ex.network, target=TARGET, repeat=3)
     kernels = {name: n for name, n in profile.calls.items() if not name.startswith("vm.builtin")}
     assert kernels == {gv: 1 for t in ex.tasks for gv in t.global_vars}
@@ -189,7 +189,7 @@ def test_call_profile_times_every_kernel_call_of_an_inference(extractions):
 
 
 def test_weights_are_packed_once_at_build_time(extractions):
-    """Tuned convolutions and the dense layer read packed constant weights. apply_best packs each weight
+    """Tuned convolutions and the dense layer read packed constant weights. apply_schedules packs each weight
     once: the kernels hold no packing block, the calls pass constants in the packed layout, and the
     result is unchanged."""
     net, ex = extractions["tiny-cnn"]
@@ -199,7 +199,7 @@ def test_weights_are_packed_once_at_build_time(extractions):
     packed = {t.global_vars[0]: layouts for t in ex.tasks
               if (layouts := packed_layouts(schedules[t.workload_key]))}
     assert len(packed) >= 2  # both convolutions (and the dense layer) read constant weights
-    tuned = apply_best(ex.mod, ex.tasks, schedules, target=TARGET)
+    tuned = apply_schedules(ex.mod, ex.tasks, schedules, target=TARGET)
     for name, layouts in packed.items():
         kernel = tuned[name]  # takes the weight packed: the packing block is gone from it
         assert all(tuple(int(d) for d in kernel.params[lay.index].shape) == lay.packed_shape for lay in layouts)
@@ -222,17 +222,17 @@ def _calls(func, name: str) -> list[list]:
 
 def test_mobilenet_default_build_matches_untuned_build(extractions):
     net, ex = extractions["mobilenet-v2"]
-    default = build(apply_best(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
+    default = build(apply_schedules(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
     untuned = build(net.mod, TARGET, fused=False)
     comparison = compare_outputs(ex.network, default, untuned, TARGET, reference_network=net)
     assert comparison.ok and comparison.scale > 0, comparison
 
 
-def test_apply_best_rejects_tasks_of_another_module(extractions):
+def test_apply_schedules_rejects_tasks_of_another_module(extractions):
     _, ex = extractions["tiny-cnn"]
     other = extract(get_network("tiny-cnn", 2), TARGET)
     with pytest.raises(NetworkError, match="differs"):
-        apply_best(ex.mod, other.tasks, {})
+        apply_schedules(ex.mod, other.tasks, {})
 
 
 def test_apply_history_best_takes_the_fastest_record(extractions, tmp_path):
@@ -298,7 +298,7 @@ def _copy_funcs() -> dict[str, tvm.tirx.PrimFunc]:
 
 
 def test_copy_schedule_tiles_a_transpose_and_vectorizes_a_split_and_a_transposed_reshape():
-    from ansor.task.program import arg_specs, run
+    from ansor.task.program import arg_specs, run_program
     from ansor.networks import copy_schedule
     from ansor.task.search_task import SearchTask
 
@@ -315,7 +315,7 @@ def test_copy_schedule_tiles_a_transpose_and_vectorizes_a_split_and_a_transposed
     rng = np.random.default_rng(0)
     for name in ("transpose", "split", "transpose_reshape"):
         args = [rng.random(shape, dtype="float32") for shape, _ in arg_specs(SearchTask(funcs[name], "llvm"))]
-        want, got = (run(_compile(f), args) for f in (funcs[name], scheduled[name]))
+        want, got = (run_program(_compile(f), args) for f in (funcs[name], scheduled[name]))
         assert all(np.array_equal(w, g) for w, g in zip(want, got)), name
 
 
@@ -327,7 +327,7 @@ def test_a_transpose_with_a_long_strided_innermost_loop_is_vectorized_in_pieces(
 
     from tvm import te, topi
 
-    from ansor.task.program import run
+    from ansor.task.program import run_program
     from ansor.networks import copy_schedule
     from ansor.sketch.annotation import MAX_VECTORIZE_LANES
 
@@ -340,7 +340,7 @@ def test_a_transpose_with_a_long_strided_innermost_loop_is_vectorized_in_pieces(
     module = _compile(scheduled)
     assert time.monotonic() - start < 60
     arg = np.random.default_rng(0).random((1, 768, 7, 7), dtype="float32")
-    assert np.array_equal(run(module, [arg, np.zeros((1, 7, 7, 768), "float32")])[-1], arg.transpose(0, 2, 3, 1))
+    assert np.array_equal(run_program(module, [arg, np.zeros((1, 7, 7, 768), "float32")])[-1], arg.transpose(0, 2, 3, 1))
 
 
 def _compile(func: tvm.tirx.PrimFunc) -> tvm.runtime.Module:
@@ -354,7 +354,7 @@ def test_primfuncs_compute_dag_rejects_get_a_tir_default():
     assert not ex.tasks
     assert "single-store" in reasons["group_norm"] and "single-store" in reasons["argmax"]
     assert "root" in reasons["scatter_elements"]
-    mod = apply_best(ex.mod, ex.tasks, {}, target=TARGET)
+    mod = apply_schedules(ex.mod, ex.tasks, {}, target=TARGET)
     for s in ex.skipped:
         if "reshape" not in s.reason:
             assert _parallel_and_vector(mod[s.global_vars[0]])[0], s.name
@@ -369,7 +369,7 @@ def test_cuda_default_build_compiles():
     """No GPU is needed to compile: untuned PrimFuncs get dlight's GPU rules (threads bound) and build."""
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})
     ex = extract(get_network("tiny-cnn", 1), target)
-    mod = apply_best(ex.mod, ex.tasks, {}, target=target)
+    mod = apply_schedules(ex.mod, ex.tasks, {}, target=target)
     assert all("blockIdx" in mod[t.global_vars[0]].script() for t in ex.tasks)
     build(mod, target)
 
@@ -377,11 +377,11 @@ def test_cuda_default_build_compiles():
 # ---------------------------------------------------------------------------------------------- timing
 _TIMING_SCRIPT = textwrap.dedent("""
     import json, sys
-    from ansor.networks import apply_best, build, extract, get_network, time_network
+    from ansor.networks import apply_schedules, build, extract, get_network, time_network
     target = {"kind": "llvm", "num-cores": int(sys.argv[1])}
     net = get_network("tiny-cnn", 1)
     ex = extract(net, target)
-    default = time_network(build(apply_best(ex.mod, ex.tasks, {}, target=target), target), ex.network, target=target,
+    default = time_network(build(apply_schedules(ex.mod, ex.tasks, {}, target=target), target), ex.network, target=target,
                            repeat=5, min_repeat_ms=50)
     untuned = time_network(build(net.mod, target, fused=False), net, target=target, repeat=5, min_repeat_ms=50)
     print(json.dumps({"default": default.__dict__, "untuned": untuned.__dict__}))
@@ -436,7 +436,7 @@ def test_onnx_model_imports_extracts_and_runs(tmp_path):
     assert sorted(t.name for t in ex.tasks) == ["fused_conv2d_add_relu [2,16,16,3]x[3,3,3,8]",
                                                "fused_matmul_add [2,512]x[512,10]", "max_pool2d [2,16,16,8]"]
     assert ex.network.layout == "NHWC" and ex.network.weights == () and ex.network.inputs == net.inputs
-    mod = apply_best(ex.mod, ex.tasks, {}, target=TARGET)
+    mod = apply_schedules(ex.mod, ex.tasks, {}, target=TARGET)
     comparison = compare_outputs(ex.network, build(mod, TARGET), build(net.mod, TARGET, fused=False), TARGET,
                                  reference_network=net)
     assert comparison.ok, comparison
@@ -469,7 +469,7 @@ def test_onnx_relu6_converts_to_nhwc_without_transposes_inside(tmp_path):
     text = ex.network.mod[ex.network.entry].script()
     assert text.count("R.permute_dims") == 2 and "R.call_tir" not in text  # data in, result out
     assert text.count("R.maximum") == 2 and text.count("R.minimum") == 2
-    mod = apply_best(ex.mod, ex.tasks, {}, target=TARGET)
+    mod = apply_schedules(ex.mod, ex.tasks, {}, target=TARGET)
     comparison = compare_outputs(ex.network, build(mod, TARGET), build(net.mod, TARGET, fused=False), TARGET,
                                  reference_network=net)
     assert comparison.ok and comparison.scale > 0, comparison

@@ -19,7 +19,7 @@ onnx = pytest.importorskip("onnx", reason="the onnx package is not installed (pi
 from onnx import TensorProto as TP, helper as h, numpy_helper as nh  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-from ansor.networks import NetworkError, apply_best, build, extract, load_onnx, run  # noqa: E402
+from ansor.networks import NetworkError, apply_schedules, build, extract, load_onnx, run  # noqa: E402
 
 TARGET = {"kind": "llvm", "num-cores": 2}
 I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
@@ -53,7 +53,7 @@ def import_build_and_compare(m: onnx.ModelProto, feeds: dict, tmp_path, rtol=1e-
     onnx.save(m, str(path))
     net = load_onnx(path)
     ex = extract(net, TARGET)
-    got = run(build(apply_best(ex.mod, ex.tasks, {}, target=TARGET), TARGET), ex.network,
+    got = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=TARGET), TARGET), ex.network,
               [feeds[s.name] for s in net.inputs], TARGET)
     want = ReferenceEvaluator(m).run(None, feeds)
     assert len(got) == len(want)

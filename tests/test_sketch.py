@@ -160,7 +160,7 @@ def test_random_programs_compute_a_softmax_row_by_row(monkeypatch):
     args = program.random_inputs(task, seed=2)
     for state in vectorized[:2]:
         task.compute_dag.replay(state, verify=True)
-        got = program.run(program.build(task, state), args)
+        got = program.run_program(program.build_program(task, state), args)
         np.testing.assert_allclose(got[-1], wl.reference(args[:-1])[-1], rtol=1e-5, atol=1e-6)
     monkeypatch.setattr(annotation, "P_FOLLOW_CONSUMERS", 0.0)
     assert sum(map(_row_fused, sample(300))) < len(fused) / 2
@@ -195,7 +195,7 @@ def test_random_programs_compute_the_right_answer():
     rng = random.Random(3)
     for state in sample_initial_population(task, generate_sketches(task), 4, rng):
         args = program.random_inputs(task, seed=2)
-        got = program.run(program.build(task, state), args)
+        got = program.run_program(program.build_program(task, state), args)
         np.testing.assert_allclose(got[-1], wl.reference(args[:-1])[-1], rtol=1e-4, atol=1e-4)
 
 
@@ -236,8 +236,8 @@ def test_parallel_mutation_changes_the_parallel_loop_and_stays_valid(wkl):
         changed += 1
     assert changed >= 6
     args = program.random_inputs(task, seed=2)
-    got = program.run(program.build(task, child), args)
-    want = program.run(program.build(task, None), args)
+    got = program.run_program(program.build_program(task, child), args)
+    want = program.run_program(program.build_program(task, None), args)
     np.testing.assert_allclose(got[-1], want[-1], rtol=1e-4, atol=1e-4)
 
 

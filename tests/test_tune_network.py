@@ -310,10 +310,10 @@ def test_database_and_export(tuned, tmp_path):
     assert meta["weights"] == [] and meta["params_file"] is None  # prepared for the CPU: weights are constants
 
     import numpy as np
-    from ansor.networks import apply_best, build, extract, get_network, run as run_network
+    from ansor.networks import apply_schedules, build, extract, get_network, run as run_network
     ex = extract(get_network("tiny-cnn", 1), meta["target"])
     x = ex.network.random_inputs(seed=3)[0]
-    want = run_network(build(apply_best(ex.mod, ex.tasks, {}), meta["target"]), ex.network, [x], meta["target"])[0]
+    want = run_network(build(apply_schedules(ex.mod, ex.tasks, {}), meta["target"]), ex.network, [x], meta["target"])[0]
     np.save(tmp_path / "x.npy", x)
     snippet = re.search(r"```python\n(.*?)```", (out / "README.md").read_text(), re.S).group(1)
     child = snippet + ("\nimport sys\nassert 'ansor' not in sys.modules\n"

@@ -8,7 +8,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from ansor.networks import Network, TensorSpec, apply_best, build, compare_outputs, extract
+from ansor.networks import Network, TensorSpec, apply_schedules, build, compare_outputs, extract
 from ansor.networks.winograd import transform_weight, winograd_convs
 
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -49,7 +49,7 @@ def test_winograd_network_computes_the_same_outputs(shape, padding):
     assert any(n.startswith("matmul [16,") and n.endswith(",16]x[16,16,24]") for n in names), names
     assert [n for n in names if "conv2d" in n] == [f"conv2d [{shape[0]},{shape[1] + padding[0] + padding[2] - 2},"
                                                    f"{shape[2] + padding[1] + padding[3] - 2},24]x[3,3,24,8]"]
-    executable = build(apply_best(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
+    executable = build(apply_schedules(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
     comparison = compare_outputs(ex.network, executable, build(net.mod, TARGET, fused=False), TARGET,
                                  reference_network=net)
     assert comparison.ok, comparison

@@ -49,11 +49,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from ..errors import AnsorError, short_message
 from .docs import Provenance
@@ -126,7 +125,7 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
     """Time the builds along the tuning curve (minutes since the tuning command started, up to its last
     measurement; none without ``checkpoints``), the final tuned build and the default build (``default``,
     when already built); returns the tuned build and its outputs."""
-    from ..networks import apply_best, apply_history_best, build, profile_calls, run, time_network
+    from ..networks import apply_schedules, apply_history_best, build, profile_calls, run, time_network
     from ..log.records import load_records
     net = extraction.network
     minutes = (max((r.result.timestamp for r in load_records(log)), default=start) - start) / 60
@@ -144,7 +143,7 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
     time.sleep(pause)
     report.profile = profile_calls(tuned, net, target=target, repeat=repeat)
     if default is None:
-        default = build(apply_best(extraction.mod, extraction.tasks, {}, target=target), target)
+        default = build(apply_schedules(extraction.mod, extraction.tasks, {}, target=target), target)
     time.sleep(pause)
     report.default_ms = time_network(default, net, target=target, repeat=repeat).median_ms
     report.curve.insert(0, (0.0, report.default_ms))  # before any tuning: every task's default schedule

@@ -108,10 +108,10 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
     try:
         onnx = export(model, work)
         stage = "import"
-        from ..networks import apply_best, build, extract, load_onnx
+        from ..networks import apply_schedules, build, extract, load_onnx
         extraction = extract(load_onnx(onnx), target)
         stage = "build"
-        default = build(apply_best(extraction.mod, extraction.tasks, {}, target=target), target)
+        default = build(apply_schedules(extraction.mod, extraction.tasks, {}, target=target), target)
         if needs_tuning(work, model.name):
             stage = "tune"
             if log.exists():

@@ -38,9 +38,9 @@ def evaluate_network(extraction, log: os.PathLike | Sequence[os.PathLike], targe
     replaces each task that has a valid record in ``log`` (a log or a list of logs) by its best schedule.
     Timing runs in this process (``TVM_NUM_THREADS`` must already be set).
     """
-    from ..networks import apply_best, apply_history_best, build, compare_outputs, time_network
+    from ..networks import apply_schedules, apply_history_best, build, compare_outputs, time_network
     tuned_mod = apply_history_best(extraction.mod, extraction.tasks, log, target=target)
-    default_mod = apply_best(extraction.mod, extraction.tasks, {}, target=target)
+    default_mod = apply_schedules(extraction.mod, extraction.tasks, {}, target=target)
     tuned_exe, default_exe = build(tuned_mod, target), build(default_mod, target)
     net = extraction.network
     comparison = compare_outputs(net, tuned_exe, default_exe, target)

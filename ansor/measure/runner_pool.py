@@ -312,7 +312,7 @@ class RunnerPool:
         lane.deadline, lane.started = time.monotonic() + lane.job.timeout, time.time()
 
     def _on_reply(self, lane: _Lane, queues: dict[str, deque[RunJob]], on_done: Done) -> None:
-        job, actor, call = lane.job, lane.actor, lane.call
+        job, call = lane.job, lane.call
         try:
             reply = ray.get(call)
         except ray.exceptions.RayActorError as err:

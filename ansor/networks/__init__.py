@@ -11,8 +11,8 @@ Typical use::
 See ``docs/networks.md``.
 """
 
-from .apply_best import (
-    ScheduledFunc, apply_best, apply_history_best, default_scheduled, schedule_task, scheduled_func,
+from .schedules import (
+    ScheduledFunc, apply_schedules, apply_history_best, default_scheduled, schedule_task, scheduled_func,
 )
 from .default_schedule import copy_schedule, default_candidates, default_state, default_tir_schedule
 from .evaluate import (
@@ -27,7 +27,7 @@ from .registry import describe_network, get_network, network_names
 
 __all__ = [
     "CallProfile", "Extraction", "Network", "NetworkError", "NetworkTask", "OutputComparison", "SkippedFunc", "TensorSpec",
-    "Timing", "apply_best", "apply_history_best", "build", "check_against_default", "compare_outputs",
+    "Timing", "apply_schedules", "apply_history_best", "build", "check_against_default", "compare_outputs",
     "ScheduledFunc", "copy_schedule", "default_candidates", "default_scheduled", "default_state", "default_tir_schedule", "describe_network",
     "extract", "fuse", "get_network", "load_onnx", "network_names",
     "prepare", "profile_calls", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network",

@@ -21,7 +21,7 @@ from tvm import relax
 
 from ..errors import short_message
 from ..target import device_kind, parse_target
-from .apply_best import apply_best
+from .schedules import apply_schedules
 from .extract import Extraction
 from .network import Network, NetworkError
 
@@ -92,7 +92,7 @@ def lowering_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
 def build(mod: tvm.IRModule, target: TargetLike = None, fused: bool = True) -> tvm.runtime.Executable:
     """Compile a network module for ``target``.
 
-    ``fused=True``: ``mod`` comes from :func:`~ansor.networks.extract.extract` / :func:`apply_best` and is
+    ``fused=True``: ``mod`` comes from :func:`~ansor.networks.extract.extract` / :func:`apply_schedules` and is
     only lowered. ``fused=False``: ``mod`` is a raw network module, built with TVM's default pipeline
     (legalize, fuse, no schedules: TVM's untuned build).
     """
@@ -229,6 +229,6 @@ def check_against_default(extraction: Extraction, tuned: tvm.IRModule, target: T
     Apply-best must never change results: only loop structure differs between the two, so any difference
     beyond rounding is a bug in a schedule.
     """
-    default = apply_best(extraction.mod, extraction.tasks, {}, target=target)
+    default = apply_schedules(extraction.mod, extraction.tasks, {}, target=target)
     return compare_outputs(extraction.network, build(tuned, target), build(default, target), target, seed, rtol,
                            atol)

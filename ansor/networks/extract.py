@@ -5,7 +5,7 @@ matmul, ...) with its element-wise neighbours, as Relay's fusion did for Ansor. 
 PrimFuncs (the same subgraph at the same shapes) are one task; its weight is how often the Relax code calls
 it, because the task scheduler minimises the weighted sum of task latencies. PrimFuncs that
 :class:`~ansor.state.compute_dag.ComputeDAG` cannot analyse, or that compute nothing (copies, reshapes), are not
-worth a search: they are reported and left to the default schedule (see :mod:`.apply_best`).
+worth a search: they are reported and left to the default schedule (see :mod:`.schedules`).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def standalone(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """``func`` with an exported symbol, so a task's program compiles and runs on its own.
 
     Fused PrimFuncs are private to the network module (no ``global_symbol``); built alone they would
-    export nothing. :func:`~ansor.networks.apply_best.apply_best` drops the symbol again on the way back.
+    export nothing. :func:`~ansor.networks.schedules.apply_schedules` drops the symbol again on the way back.
     """
     return func.with_attr("global_symbol", "main")
 

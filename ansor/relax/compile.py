@@ -1,7 +1,7 @@
 """From tuning logs to a runnable model: :func:`compile_relax` and the :class:`ApplyHistoryBest` pass.
 
 Both replace each tuned PrimFunc by the best schedule its workload key has in the logs (measured for the
-same target) and give every other PrimFunc the default schedule (``ansor.networks.apply_best``).
+same target) and give every other PrimFunc the default schedule (``ansor.networks.apply_schedules``).
 :func:`compile_relax` takes a raw module and does it all (bind, extract, apply, build);
 :class:`PrepareAndFuse` and :class:`ApplyHistoryBest` are the extraction's module transform and the
 apply step as passes, for a pipeline of one's own.
@@ -16,7 +16,7 @@ import tvm
 import tvm_ffi
 
 from ..log.database import log_paths
-from ..networks import NetworkTask, apply_best, apply_history_best, build, extract
+from ..networks import NetworkTask, apply_schedules, apply_history_best, build, extract
 from ..networks.extract import standalone
 from ..networks.network import Network
 from ..log.records import best_records, load_records
@@ -40,7 +40,7 @@ def compile_network(network: Network, log_file: Optional[LogSource], target: Tar
     if paths:
         mod = apply_history_best(extraction.mod, extraction.tasks, paths, target=target)
     else:
-        mod = apply_best(extraction.mod, extraction.tasks, {}, target=target)
+        mod = apply_schedules(extraction.mod, extraction.tasks, {}, target=target)
     executable = build(mod, target)
     attach_signature(executable, Signature.of(extraction.network, target))  # what the build takes
     return executable
@@ -119,4 +119,4 @@ class ApplyHistoryBest:
                                      gv.name_hint, (gv.name_hint,)))
             schedules[key] = rec.steps
         logger.info("ApplyHistoryBest: %d PrimFuncs tuned for %s", len(tasks), target_to_str(target))
-        return apply_best(mod, tasks, schedules, target=target, default=self.default)
+        return apply_schedules(mod, tasks, schedules, target=target, default=self.default)

@@ -40,7 +40,7 @@ def kernel(task: SearchTask, state: Optional[State],
     return mod, layouts
 
 
-def build(task: SearchTask, state: Optional[State]) -> tvm.runtime.Module:
+def build_program(task: SearchTask, state: Optional[State]) -> tvm.runtime.Module:
     """Compile ``state`` for the task's target; returns a runnable module (``mod["main"]``) that takes the
     original arguments."""
     return tvm.compile(schedule(task, state), target=task.target).jit()
@@ -70,7 +70,7 @@ def random_inputs(task: SearchTask, seed: int = 0) -> list[np.ndarray]:
     return arrays
 
 
-def run(module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
+def run_program(module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
         device: Optional[tvm.runtime.Device] = None) -> list[np.ndarray]:
     """Run ``module`` on copies of ``arrays``; returns every argument after the call."""
     dev = device or tvm.cpu()

@@ -53,7 +53,7 @@ def tune(wkl: str, trials: int, seed: int, model, model_name: str, log: Path) ->
     with measuring_into(log, options, callbacks=[track]) as (measurer, round_done):
         result = auto_schedule(task, options, measurer, model, on_round=round_done)
     wall = time.time() - t0
-    module = program.build(task, result.best_state)
+    module = program.build_program(task, result.best_state)
     cost = program.time_module(module, program.random_inputs(task))
     return Run(wkl, model_name, task.flop_ct / cost / 1e9, curve, wall)
 

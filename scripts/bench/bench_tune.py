@@ -59,7 +59,7 @@ def time_ours(wkl: str, trials: int, seed: int, cold: bool = False) -> tuple[flo
     search = sum(r.search_s for r in rounds) / max(1, len(rounds))
     train = sum(r.train_s for r in rounds) / max(1, len(rounds))
     measure = sum(r.measure_s for r in rounds) / max(1, len(rounds))
-    module = program.build(task, result.best_state)
+    module = program.build_program(task, result.best_state)
     cost = program.time_module(module, program.random_inputs(task), cold=False)
     stats, n = model.extractor.stats, max(1, len(rounds))
     note = (f"Ray start {ray_start:.1f} s; per round ({len(rounds)}): search {search:.2f} s (features "

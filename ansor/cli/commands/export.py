@@ -44,7 +44,7 @@ def execute(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ...networks import apply_best, apply_history_best, build, compare_outputs, extract
+    from ...networks import apply_schedules, apply_history_best, build, compare_outputs, extract
     from ...relax import export_network
     from ..evaluation import tuned_task_count
     from ..networks import network_for_log
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"building {net.name} (batch {net.batch_size}) with {tuned} of {len(extraction.tasks)} tasks tuned ...",
           file=sys.stderr, flush=True)
     tuned_exe = build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)
-    default_exe = build(apply_best(extraction.mod, extraction.tasks, {}, target=target), target)
+    default_exe = build(apply_schedules(extraction.mod, extraction.tasks, {}, target=target), target)
     cmp_ = compare_outputs(extraction.network, tuned_exe, default_exe, target)
     if not cmp_.ok:
         print(f"error: the tuned build's output differs from the default build's: max |difference| "

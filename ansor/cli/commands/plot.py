@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -121,9 +121,9 @@ def report_best(task, state, tuned_cost: float) -> int:
               f"(as measured while tuning; not re-timed: this machine has no {task.target.kind.name.upper()} "
               "device)")
         return 0
-    module = program.build(task, state)
+    module = program.build_program(task, state)
     args = program.random_inputs(task, seed=1)
-    got = program.run(module, args, device=device)
+    got = program.run_program(module, args, device=device)
     expected = get_workload(task.workload_key).reference(args[: len(args) - 1])
     mismatch = output_mismatch(got[-1:], expected[-1:])
     if mismatch:

@@ -1,6 +1,6 @@
 """Apply-best: swap tuned (or default-scheduled) PrimFuncs into a fused network module.
 
-:func:`apply_best` takes the fused module from :func:`~ansor.networks.extract.extract`, the tasks, and a
+:func:`apply_schedules` takes the fused module from :func:`~ansor.networks.extract.extract`, the tasks, and a
 schedule per workload key (a State, its steps, or an already scheduled PrimFunc), and returns a new module
 where every PrimFunc of every task is the scheduled one. Everything else gets a default schedule
 (:mod:`.default_schedule`) on CPU, or TVM's dlight GPU rules on a GPU, so no kernel is left as TVM's naive
@@ -106,7 +106,7 @@ def _with_attrs_of(original: tvm.tirx.PrimFunc, func: tvm.tirx.PrimFunc) -> tvm.
     return func.with_attrs(attrs)
 
 
-def apply_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], schedules: Mapping[str, Schedule],
+def apply_schedules(mod: tvm.IRModule, tasks: Sequence[NetworkTask], schedules: Mapping[str, Schedule],
                target: Union[str, dict, tvm.target.Target, None] = None,
                default: bool = True) -> tvm.IRModule:
     """A copy of the fused module ``mod`` with each task's PrimFuncs replaced by its schedule.
@@ -151,7 +151,7 @@ def apply_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], schedules: Mappi
     if default:
         out = _default_rest(out, target, calls, packing)
     out = _pack_constant_arguments(out, packing)
-    logger.info("apply_best: %d of %d tasks tuned, the rest %s; %d PrimFuncs read weights packed at build time",
+    logger.info("apply_schedules: %d of %d tasks tuned, the rest %s; %d PrimFuncs read weights packed at build time",
                 n_tuned, len(tasks), "default-scheduled" if default else "unscheduled", len(packing))
     return out
 
@@ -261,7 +261,7 @@ def _default_rest(mod: tvm.IRModule, target: tvm.target.Target, calls: dict[str,
 def apply_history_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], log_path: Union[str, os.PathLike],
                        target: Union[str, dict, tvm.target.Target, None] = None,
                        default: bool = True) -> tvm.IRModule:
-    """:func:`apply_best` with the best valid record of each task in the log at ``log_path``.
+    """:func:`apply_schedules` with the best valid record of each task in the log at ``log_path``.
 
     Records of other targets are ignored when ``target`` is given; a record whose steps no longer fit
     the task (a changed program with the same key cannot happen, but a hand-edited log can) is skipped
@@ -286,4 +286,4 @@ def apply_history_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], log_path
             logger.warning("%s: the best record in %s does not replay (%s); using the default schedule",
                            t.name, log_path, err)
     logger.info("apply_history_best: %s has schedules for %d of %d tasks", log_path, len(schedules), len(tasks))
-    return apply_best(mod, tasks, schedules, target=target, default=default)
+    return apply_schedules(mod, tasks, schedules, target=target, default=default)
