@@ -50,10 +50,12 @@ __all__ = ["AnsorError", "BuilderOptions", "ComputeDAG", "Database", "Iterator",
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES or name in _LAZY:
+        # First the layer that gives SearchTask its workflow methods (task.tune, task.apply_best, ...): any
+        # task these names hand out, from a log's records as much as from SearchTask itself, then has them.
+        import_module(".tuning", __name__)
     if name in _SUBMODULES:
         return import_module(f".{name}", __name__)
     if name in _LAZY:
-        if name == "SearchTask":
-            import_module(".tuning", __name__)  # which gives the task its workflow methods (task.tune, ...)
         return getattr(import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,6 +5,8 @@ Real tuning on one local Ray shared by the module, with a 32x32x32 matmul and a 
 """
 
 import argparse
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -88,6 +90,17 @@ def test_search_task_tune_in_auto_scheduler_vocabulary(tuned):
     assert task.best_record(log).result.mean_cost == result.best_cost
     assert tvm_ffi.structural_equal(task.apply_best(log), ansor.apply_best(task, log))
     assert task.print_best(log) == ansor.print_best(task, log)
+
+
+def test_a_task_read_from_a_log_has_the_workflow_methods_in_a_fresh_process(tuned):
+    """The methods are attached by ansor.tuning: the facade loads it before handing out load_records too."""
+    log, result, _ = tuned
+    code = ("import sys, ansor\n"
+            "task = ansor.load_records(sys.argv[1])[0].task\n"
+            "print(task.best_record(sys.argv[1]).result.mean_cost)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split()[-1]) == result.best_cost
 
 
 def test_scripts_and_api_share_one_timing_definition(local_ray):
