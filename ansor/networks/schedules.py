@@ -1,4 +1,4 @@
-"""Apply-best: swap tuned (or default-scheduled) PrimFuncs into a fused network module.
+"""Apply schedules: swap tuned (or default-scheduled) PrimFuncs into a fused network module.
 
 :func:`apply_schedules` takes the fused module from :func:`~ansor.networks.extract.extract`, the tasks, and a
 schedule per workload key (a State, its steps, or an already scheduled PrimFunc), and returns a new module
