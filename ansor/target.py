@@ -241,6 +241,9 @@ class DeviceKind:
     torch_baseline: bool
     #: a target given without ``arch`` takes the arch of a GPU of the Ray cluster
     detect_arch: bool
+    #: a kernel call returns when the kernel is done, so the VM's per-call probe times it (the
+    #: network-level selection ranks candidates by it); a GPU launch returns at once
+    profile_calls: bool
 
     def device(self, target: tvm.target.Target) -> tvm.runtime.Device:
         """The device ``target``'s programs run on (the first of its type)."""
@@ -252,14 +255,14 @@ CPU_DEVICE = DeviceKind(
     compile_error="COMPILE_HOST", thread_pool=True, flush_caches=True, device_module=False,
     kernel_files=(("llvm_ir", "ll", "ll"), ("asm", "s", "asm")), host_reference=False, prepare_network=True,
     default_schedule="ansor", relax_pipeline="tvm.relax.backend.cpu_generic.pipeline", torch_baseline=True,
-    detect_arch=False,
+    detect_arch=False, profile_calls=True,
 )
 CUDA_DEVICE = DeviceKind(
     name="cuda", hardware=_cuda_params, device_type=_kind_device_type, ray_resource="gpu",
     compile_error="COMPILE_DEVICE", thread_pool=False, flush_caches=False, device_module=True,
     kernel_files=(("cuda", "cu", "cuda"),), host_reference=True, prepare_network=False,
     default_schedule="dlight", relax_pipeline="tvm.relax.backend.gpu_generic.pipeline", torch_baseline=False,
-    detect_arch=True,
+    detect_arch=True, profile_calls=False,
 )
 
 

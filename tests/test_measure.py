@@ -267,6 +267,24 @@ def test_prepacked_constant_weight_is_checked_and_timed(local_ray, matmul128):
     assert all(r.ok for r in results), [r.error_msg for r in results]
 
 
+def test_the_tuner_times_candidates_cold(local_ray):
+    """The measurer the tuner uses by default times a candidate as the network runs it, its operands from
+    memory: a kernel that reads one float per cache line of a 256 KiB operand must cost more than when it is
+    timed hot (it fails if the default timing stops flushing, or flushes once per repeat of many runs)."""
+    lines = 4096
+    x = te.placeholder((1,), name="x")
+    a = te.placeholder((lines * 16,), name="a")
+    out = te.compute((lines,), lambda i: a[i * 16] + x[0], name="out")
+    task = SearchTask(te.create_prim_func([x, a, out]), "llvm")
+    with ProgramMeasurer() as measurer:
+        (result,) = measurer.measure([MeasureInput(task, task.compute_dag.init_state())])
+    assert result.ok, result.error_msg
+    module = tvm.compile(te.create_prim_func([x, a, out]), target={"kind": "llvm"}).jit()
+    arrays = [np.ones(shape, "float32") for shape in ((1,), (lines * 16,), (lines,))]
+    hot = time_module(module, arrays, repeat=3, min_repeat_ms=20, cold=False)
+    assert result.mean_cost > 1.5 * hot, (result.costs, hot)
+
+
 def test_flushed_timing_runs_every_run_cold():
     """With the cache flush each run reads its operands from memory: a kernel that touches one float per
     cache line of a 256 KiB operand (in cache on any CPU when hot) runs slower than when timed hot.

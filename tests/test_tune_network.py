@@ -34,14 +34,15 @@ def run(script: str, *args: str, timeout: int = 300, cwd: Path = ROOT, extra_env
 
 
 def records(log: Path) -> list[tuple[str, str]]:
-    """(workload key, steps) of every complete record line, in file order."""
+    """(workload key, steps) of every complete measurement line, in file order (the network-level
+    selection's records, ``"net": 1``, are not measurements)."""
     out = []
     for line in log.read_text().splitlines():
         try:
             obj = json.loads(line)
         except ValueError:  # a line torn by SIGKILL
             continue
-        if "i" in obj:
+        if "i" in obj and not obj.get("net"):
             out.append((obj["i"][0][0], json.dumps(obj["i"][1][1])))
     return out
 

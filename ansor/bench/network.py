@@ -76,8 +76,9 @@ class TuningFailed(AnsorError):
         self.detail = detail
 
 
-def tune(onnx: Path, log: Path, minutes: float, n_trials: int) -> tuple[float, int]:
-    """``ansor tune --onnx`` as a user runs it; returns (tuning seconds, trials) as it reports them."""
+def tune(onnx: Path, log: Path, minutes: float, n_trials: int) -> tuple[float, int, str]:
+    """``ansor tune --onnx`` as a user runs it; returns (tuning seconds, trials, the network-level selection's
+    line) as it reports them."""
     cmd = [sys.executable, "-m", "ansor", "tune", "--onnx", str(onnx), "--minutes", str(minutes),
            "--n-trials", str(n_trials), "--log-file", str(log), "--repeat", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -88,7 +89,8 @@ def tune(onnx: Path, log: Path, minutes: float, n_trials: int) -> tuple[float, i
     if found is None:
         raise TuningFailed("ansor tune did not print its 'tuning: N new trials ... in S s' line",
                            proc.stderr[-3000:])
-    return float(found.group(2)), int(found.group(1))
+    selection = re.search(r"^network-level selection: .*$", proc.stderr, re.M)
+    return float(found.group(2)), int(found.group(1)), selection.group(0) if selection else ""
 
 
 def tune_metaschedule(extraction, target, trials: int, work_dir: str):
@@ -168,10 +170,13 @@ def alternate(report: ModelReport, tuned, extraction, onnx: Path, feed: dict, th
 
 
 def breakdown(report: ModelReport, extraction, log: Path, target) -> None:
-    """Per task: its time in the tuned build (from the call profile), alone (the log's best records) and
-    GFLOPS in the network; and the other functions the VM calls, by time."""
-    from ..log.records import best_records, load_records
-    best = best_records(load_records(log, target=target))
+    """Per task: its time in the tuned build (from the call profile), alone (the best measurement of the
+    state the build runs: the log's fastest, or the network-level selection's choice) and GFLOPS in the
+    network; and the other functions the VM calls, by time."""
+    from ..log.records import best_records, distinct_records, load_records
+    records = load_records(log, target=target, selections=True)
+    best = best_records(records)
+    alone = {(r.workload_key, r.steps): r for r in distinct_records(r for r in records if not r.result.in_network)}
     profile = report.profile
     in_tasks = set()
     for t in extraction.tasks:
@@ -180,7 +185,8 @@ def breakdown(report: ModelReport, extraction, log: Path, target) -> None:
             continue
         in_tasks.update(t.global_vars)
         ms = sum(profile.ms.get(name, 0.0) for name in t.global_vars)
-        report.breakdown.append(TaskRow(t.name, t.weight, ms, t.weight * rec.result.mean_cost * 1e3,
+        measured = alone.get((t.workload_key, rec.steps), rec)
+        report.breakdown.append(TaskRow(t.name, t.weight, ms, t.weight * measured.result.mean_cost * 1e3,
                                         t.weight * t.task.flop_ct / max(ms, 1e-9) / 1e6))
     report.breakdown.sort(key=lambda row: -row.network_ms)
     report.outside = sorted(((name, ms) for name, ms in profile.ms.items() if name not in in_tasks),
@@ -196,7 +202,7 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
     start = time.time()
     if not args.log:
         print(f"{name}: tuning for up to {args.minutes:g} minutes ...", flush=True)
-        report.tuning_s, report.trials = tune(onnx, log, args.minutes, args.n_trials)
+        report.tuning_s, report.trials, report.selection = tune(onnx, log, args.minutes, args.n_trials)
     else:
         from ..log.records import load_records
         records = load_records(log)

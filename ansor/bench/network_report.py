@@ -22,6 +22,7 @@ class ModelReport:
     name: str
     tuning_s: float = float("nan")
     trials: int = 0
+    selection: str = ""  # ansor tune's network-level selection line
     curve: list[tuple[float, float]] = field(default_factory=list)  # (minutes, ms)
     tuned_ms: float = float("nan")
     default_ms: float = float("nan")
@@ -91,6 +92,10 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
             print(f"ansor / fastest float32 runtime, in turn: median of the rounds' ratios {np.median(ratios):.2f} "
                   f"({' '.join(f'{r:.2f}' for r in ratios)}); faster than every runtime in "
                   f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds")
+    if report.selection:
+        last = f" (the build of every task's fastest measured state: {report.curve[-1][1]:.2f} ms, last point of " \
+               "the curve)" if len(report.curve) > 1 else ""
+        print(f"{report.selection}{last}")
     profile = report.profile
     print(f"where the tuned build's time goes, each call timed in place ({profile.latency_ms:.2f} ms per "
           f"inference unprobed):")

@@ -120,7 +120,7 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
                 say(f"{model.name}: an earlier tuning did not finish; its log is kept as {aside}")
             say(f"{model.name}: tuning for up to {args.minutes:g} minutes ...")
             start = time.time()
-            tuning_s, trials = tune(onnx, log, args.minutes, args.n_trials)
+            tuning_s, trials, _ = tune(onnx, log, args.minutes, args.n_trials)
             status = ZooStatus(True, start, tuning_s, trials)
             write_status(work, model.name, status)
         else:

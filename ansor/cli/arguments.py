@@ -95,6 +95,8 @@ TRIALS = count(10_000_000, "64")
 SEED = Number(0, 2 ** 31 - 1, True, "0")
 #: Wall-clock minutes: a year at most.
 MINUTES = positive(60 * 24 * 365, "10")
+#: States per heavy task the network-level selection re-times (0: off).
+SELECT = Number(0, 16, True, "3")
 #: Timing repeats of a final measurement.
 REPEATS = count(10_000, "10")
 #: Candidates per search round.

@@ -23,7 +23,7 @@ def best_record(task: SearchTask, log_file: LogSource) -> Record:
         If a log is missing or unreadable, or holds no valid record of this task for this target.
     """
     paths = log_paths(log_file)
-    best = best_records(load_records(paths, workload_key=task.workload_key, target=task.target))
+    best = best_records(load_records(paths, workload_key=task.workload_key, target=task.target, selections=True))
     if task.workload_key not in best:
         where = ", ".join(str(p) for p in paths) or "an empty database"
         raise RecordError(f"{where}: no valid record of {task.workload_key} for target {task.target_str}")

@@ -168,8 +168,10 @@ def parse_record_line(obj: dict, want_key: Optional[str] = None,
     _check(isinstance(node, str) and len(node) <= _MAX_NODE_CHARS, _BAD_NODE)
     unchecked = obj.get("unchecked", 0)
     _check(type(unchecked) is int and unchecked in (0, 1), "unchecked must be 0 or 1")
+    net = obj.get("net", 0)
+    _check(type(net) is int and net in (0, 1) and not (net and error_no), "net must be 0 or 1, and 0 for a failure")
     result = MeasureResult(tuple(float(c) for c in costs), ErrorNo(error_no), "", float(all_cost),
-                           float(timestamp), node, checked=not unchecked)
+                           float(timestamp), node, checked=not unchecked, in_network=bool(net))
     return RecordLine(key, target, tuple(hw), steps, result)
 
 

@@ -52,10 +52,11 @@ class Database:
                       if p.is_file() and not p.name.startswith(".") and p.resolve() not in skip)
 
     def records(self, workload_key: Optional[str] = None, target: Union[str, tvm.target.Target, None] = None,
-                exclude: Iterable[PathLike] = ()) -> list[Record]:
-        """Every record of ``workload_key`` (all keys if ``None``) measured for ``target`` (any if ``None``)."""
+                exclude: Iterable[PathLike] = (), selections: bool = False) -> list[Record]:
+        """Every record of ``workload_key`` (all keys if ``None``) measured for ``target`` (any if ``None``);
+        ``selections``: also the network-level selection's records (see :func:`load_records`)."""
         paths = self.logs(exclude)
-        return load_records(paths, workload_key=workload_key, target=target) if paths else []
+        return load_records(paths, workload_key=workload_key, target=target, selections=selections) if paths else []
 
     def history(self, workload_keys: Sequence[str], target: Union[str, tvm.target.Target, None],
                 exclude: Iterable[PathLike] = ()) -> dict[str, list[Record]]:
@@ -69,7 +70,7 @@ class Database:
 
     def best(self, workload_key: str, target: Union[str, tvm.target.Target, None] = None) -> Optional[Record]:
         """The fastest valid record of a task, or ``None``."""
-        return best_records(self.records(workload_key, target)).get(workload_key)
+        return best_records(self.records(workload_key, target, selections=True)).get(workload_key)
 
     def log_path(self, name: str) -> Path:
         """Where a run called ``name`` writes its log: ``<directory>/<name>.json``."""

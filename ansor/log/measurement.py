@@ -79,6 +79,10 @@ class MeasureResult:
     #: False when the candidate was timed without checking its output against the reference (stored in a
     #: log as ``"unchecked": 1``), so its speed may belong to a wrong program.
     checked: bool = True
+    #: True for the network-level selection's verdict (stored as ``"net": 1``): the costs are this state's
+    #: per-call times inside the built network, and the state is the one the network runs fastest with.
+    #: Not a trial: only :func:`~ansor.log.records.best_records` reads it (see docs/log_format.md).
+    in_network: bool = False
 
     @property
     def mean_cost(self) -> float:

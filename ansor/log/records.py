@@ -92,14 +92,28 @@ def distinct_records(records: Iterable[Record]) -> list[Record]:
 
 
 def best_records(records: Iterable[Record]) -> dict[str, Record]:
-    """For each workload key, the valid record (``error_no == 0``) with the lowest mean cost."""
+    """For each workload key, the record whose state to run: the valid measurement (``error_no == 0``) with
+    the lowest mean cost, unless the network-level selection chose a state after it was measured.
+
+    A selection record (``in_network``, loaded with ``load_records(..., selections=True)``) names the state
+    that ran fastest inside the network among the few best measured ones. The latest one stands while the
+    fastest measurement is older than it (the selection saw that measurement); a faster state measured
+    later was never tried in the network, and the measurements decide again.
+    """
     best: dict[str, Record] = {}
+    chosen: dict[str, Record] = {}
     for rec in records:
+        key = rec.workload_key
         if not rec.result.ok:
             continue
-        cur = best.get(rec.workload_key)
-        if cur is None or rec.result.mean_cost < cur.result.mean_cost:
-            best[rec.workload_key] = rec
+        if rec.result.in_network:
+            if key not in chosen or rec.result.timestamp >= chosen[key].result.timestamp:
+                chosen[key] = rec
+        elif key not in best or rec.result.mean_cost < best[key].result.mean_cost:
+            best[key] = rec
+    for key, rec in chosen.items():
+        if key not in best or best[key].result.timestamp <= rec.result.timestamp:
+            best[key] = rec
     return best
 
 
@@ -267,6 +281,8 @@ def _record_line(task: SearchTask, steps: Sequence[Step], result: MeasureResult)
         obj["node"] = result.node
     if not result.checked:
         obj["unchecked"] = 1
+    if result.in_network:
+        obj["net"] = 1
     return json.dumps(obj) + "\n"
 
 
@@ -352,7 +368,7 @@ class _Workload:
 
 
 def load_records(path_or_paths: Union[PathLike, Iterable[PathLike]], *, workload_key: Optional[str] = None,
-                 target: Union[str, tvm.target.Target, None] = None) -> list[Record]:
+                 target: Union[str, tvm.target.Target, None] = None, selections: bool = False) -> list[Record]:
     """Read the records of one or several logs, in file order.
 
     Nothing a line holds makes this fail: each unusable line (not JSON, truncated, too long, wrong shape or
@@ -367,6 +383,9 @@ def load_records(path_or_paths: Union[PathLike, Iterable[PathLike]], *, workload
         Keep only records of this workload.
     target
         Keep only records measured for this target (any form :func:`~ansor.target.parse_target` takes).
+    selections
+        Also return the network-level selection's records (``"net": 1``), which only
+        :func:`best_records` reads; left out by default, since they are not measurements of trials.
 
     Raises
     ------
@@ -385,7 +404,7 @@ def load_records(path_or_paths: Union[PathLike, Iterable[PathLike]], *, workload
     for path in paths:
         with _open_log(path) as f:
             records.extend(_load_file(f, path, workload_key, want_target, cache))
-    return records
+    return records if selections else [r for r in records if not r.result.in_network]
 
 
 def _open_log(path: PathLike) -> BinaryIO:

@@ -165,40 +165,56 @@ class CallProfile:
     latency_ms: float
 
 
-def profile_calls(executable: tvm.runtime.Executable, network: Network, inputs: Optional[Sequence[np.ndarray]] = None,
-                  target: TargetLike = None, repeat: int = 5) -> CallProfile:
-    """Time every call of a built network's VM function in place, on seeded inputs: kernels run in the
+class CallProfiler:
+    """Times every call of a built network's VM function in place, on seeded inputs: kernels run in the
     network's order with its caches (a kernel timed alone keeps its weights hot; here they are not).
 
+    One VM and one set of inputs for many profiles, so several builds can be profiled in turn.
     TVM 0.27's Python VM has no profiler; the VM's instrument hook brackets each call with clock reads in
     Python (microseconds per call, so the calls' sum can exceed ``latency_ms`` on a small network).
     """
-    dev = _device(target)
-    vm = relax.VirtualMachine(executable, dev)
-    args = _vm_args(network, inputs, dev)
-    vm[network.entry](*args)  # warm up: first-run allocations and page faults
-    begin = time.perf_counter()
-    for _ in range(repeat):
-        vm[network.entry](*args)
-    latency_ms = (time.perf_counter() - begin) / repeat * 1e3
-    seconds: dict[str, float] = collections.defaultdict(float)
-    calls: collections.Counter = collections.Counter()
-    started: dict[str, float] = {}
 
-    def probe(_func, name: str, before_run: bool, _ret, *_args):
+    def __init__(self, executable: tvm.runtime.Executable, network: Network,
+                 inputs: Optional[Sequence[np.ndarray]] = None, target: TargetLike = None):
+        dev = _device(target)
+        self._plain = relax.VirtualMachine(executable, dev)
+        self._probed = relax.VirtualMachine(executable, dev)
+        self._probed.set_instrument(self._probe)
+        self._args = _vm_args(network, inputs, dev)
+        self._entry = network.entry
+        self._seconds: dict[str, float] = collections.defaultdict(float)
+        self._calls: collections.Counter = collections.Counter()
+        self._started: dict[str, float] = {}
+        for vm in (self._plain, self._probed):
+            vm[self._entry](*self._args)  # warm up: first-run allocations and page faults
+
+    def _probe(self, _func, name: str, before_run: bool, _ret, *_args):
         now = time.perf_counter()
         if before_run:
-            started[name] = now
+            self._started[name] = now
         else:
-            seconds[name] += now - started.pop(name, now)
-            calls[name] += 1
+            self._seconds[name] += now - self._started.pop(name, now)
+            self._calls[name] += 1
         return relax.VMInstrumentReturnKind.NO_OP
 
-    vm.set_instrument(probe)
-    for _ in range(repeat):
-        vm[network.entry](*args)
-    return CallProfile({k: v / repeat * 1e3 for k, v in seconds.items()},
-                       {k: v // repeat for k, v in calls.items()}, latency_ms)
+    def profile(self, repeat: int = 5) -> CallProfile:
+        """``repeat`` inferences without the probe (the latency), then ``repeat`` with it (the calls)."""
+        begin = time.perf_counter()
+        for _ in range(repeat):
+            self._plain[self._entry](*self._args)
+        latency_ms = (time.perf_counter() - begin) / repeat * 1e3
+        self._seconds.clear()
+        self._calls.clear()
+        for _ in range(repeat):
+            self._probed[self._entry](*self._args)
+        return CallProfile({k: v / repeat * 1e3 for k, v in self._seconds.items()},
+                           {k: v // repeat for k, v in self._calls.items()}, latency_ms)
+
+
+def profile_calls(executable: tvm.runtime.Executable, network: Network, inputs: Optional[Sequence[np.ndarray]] = None,
+                  target: TargetLike = None, repeat: int = 5) -> CallProfile:
+    """One :class:`CallProfiler` profile of ``repeat`` inferences."""
+    return CallProfiler(executable, network, inputs, target).profile(repeat)
 
 
 def compare_outputs(network: Network, executable: tvm.runtime.Executable, reference: tvm.runtime.Executable,

@@ -272,7 +272,7 @@ def apply_history_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], log_path
     RecordError
         If the log is missing or unreadable.
     """
-    best = best_records(load_records(log_path, target=target))
+    best = best_records(load_records(log_path, target=target, selections=True))
     schedules: dict[str, Schedule] = {}
     for t in tasks:
         rec = best.get(t.workload_key)

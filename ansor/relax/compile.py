@@ -105,7 +105,7 @@ class ApplyHistoryBest:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         target = parse_target(self.target if self.target is not None else tvm.target.Target.current(allow_none=True))
-        best = best_records(load_records(self.paths, target=target)) if self.paths else {}
+        best = best_records(load_records(self.paths, target=target, selections=True)) if self.paths else {}
         tasks, schedules = [], {}
         for gv, func in mod.functions_items():
             if not isinstance(func, tvm.tirx.PrimFunc):

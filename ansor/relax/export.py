@@ -78,14 +78,14 @@ def export(executable: tvm.runtime.Executable, directory: Union[str, os.PathLike
 
 
 def export_network(executable: tvm.runtime.Executable, network: Network, directory: Union[str, os.PathLike],
-                   target: TargetLike = None) -> Path:
+                   target: TargetLike = None, env: Optional[Mapping[str, str]] = None) -> Path:
     """:func:`export` for a :class:`~ansor.networks.Network`: its run-time weights go to ``params.bin``.
 
     ``network`` is what the executable was built from: for a build of an extraction's module, that is
     ``Extraction.network`` (prepared: weights bound as constants), not the network given to ``extract``.
     """
     return write(executable, directory, Signature.of(network, target),
-                 {w.name: network.params[w.name] for w in network.weights})
+                 {w.name: network.params[w.name] for w in network.weights}, env)
 
 
 def check_export_dir(directory: Union[str, os.PathLike]) -> Path:
@@ -97,8 +97,11 @@ def check_export_dir(directory: Union[str, os.PathLike]) -> Path:
 
 
 def write(executable: tvm.runtime.Executable, directory: Union[str, os.PathLike], signature: Signature,
-          weights: Mapping[str, np.ndarray]) -> Path:
-    """Write the library, the weights, model.json and README.md; returns the library's path."""
+          weights: Mapping[str, np.ndarray], env: Optional[Mapping[str, str]] = None) -> Path:
+    """Write the library, the weights, model.json and README.md; returns the library's path.
+
+    ``env``: TVM runtime settings to run it with (``model.json``'s ``env``; see
+    :mod:`ansor.relax.thread_pool`)."""
     out = check_export_dir(directory)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -120,6 +123,7 @@ def write(executable: tvm.runtime.Executable, directory: Union[str, os.PathLike]
             "inputs": [_spec_json(s) for s in signature.inputs],
             "weights": [_spec_json(s) for s in signature.weights],
             "params_file": params_file,
+            "env": dict(env or {}),
             "tvm_version": tvm.__version__,
             "ansor_version": __version__,
         }
@@ -181,6 +185,9 @@ def readme(meta: dict) -> str:
     if meta["num_threads"]:
         threads = (f"Set `TVM_NUM_THREADS={meta['num_threads']}` (the target's cores) before the first TVM call: "
                    "TVM's default is half the logical CPUs.")
+    if meta.get("env"):
+        threads += (" Also set " + ", ".join(f"`{k}={v}`" for k, v in meta["env"].items()) + ": it ran this model "
+                    "fastest on the machine that tuned it (TVM reads it when its thread pool starts).")
     return f"""# Compiled model
 
 Made by ansor (tuned schedules, Apache TVM {meta['tvm_version']}). Running it needs only `tvm` and `numpy`.

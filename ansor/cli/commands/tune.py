@@ -12,7 +12,10 @@ Examples
 
 The gradient task scheduler gives each round of --per-round measurements to the task whose improvement
 would lower the estimated total latency most (the sum over tasks of weight x best latency; weight = how
-often the subgraph occurs). A table of the tasks is redrawn after every round on stderr. At the end the
+often the subgraph occurs). A table of the tasks is redrawn after every round on stderr. Then (--select,
+CPU targets) the network-level selection re-times the few best states of the heaviest tasks inside the
+built network and keeps the combination that runs fastest there, if it beats the best measured states end
+to end (docs/networks.md; its time counts in --minutes). At the end the
 network is built twice, with the default schedules (parallel + vectorized) and with the best schedule of
 each tuned task; the two builds must give the same outputs, then both are timed.
 
@@ -30,11 +33,15 @@ from pathlib import Path
 
 
 NAME = "tune"
+
+#: Share of --minutes left for the network-level selection: it took 20 s for ResNet-50 on 2 cores (3 best
+#: states of 22 tasks: 4 builds, 5 rounds of profiles), 3 % of 10 minutes.
+SELECTION_SHARE = 0.05
 SUMMARY = "tune a network (an ONNX file or a built-in one) and time it end to end"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import MINUTES, PER_ROUND, REPEATS, SEED, TRIALS, ExistingFile, OutputDir, OutputFile, Text
+    from ..arguments import MINUTES, PER_ROUND, REPEATS, SEED, SELECT, TRIALS, ExistingFile, OutputDir, OutputFile, Text
     from ..networks import add_network_args
     from ..options import add_build_memory_arg, add_ray_address_arg
 
@@ -62,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export", default=None, metavar="DIR", type=OutputDir("an export directory", "deploy/model"),
                         help="write the tuned build to DIR: model.so, model.json, README.md (and params.bin "
                              "when weights are run-time arguments); it loads and runs with tvm alone")
+    parser.add_argument("--no-pool-probe", dest="pool_probe", action="store_false",
+                        help="with --export: do not time the tuned build under each TVM thread-pool setting "
+                             "(thread binding, spinning) in fresh processes to name the fastest in the export "
+                             "(the probe takes ~10 s per setting on 2 cores)")
     parser.add_argument("--eval-only", action="store_true",
                         help="no tuning: apply the best schedules of --log-file and report the timing table")
     parser.add_argument("--per-round", type=PER_ROUND, default=16,
@@ -76,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cost model that ranks candidates, shared by all tasks (default xgb)")
     parser.add_argument("--load-model", default=None, metavar="FILE", type=ExistingFile("a saved cost model", "model.npz"),
                         help="start from a cost model saved by ansor train-model")
+    parser.add_argument("--select", type=SELECT, default=3, metavar="K",
+                        help="after tuning, re-time the K best states of the heaviest tasks inside the built "
+                             "network and keep the combination that is fastest there if it beats the best "
+                             "measured states end to end (CPU targets; its time counts in --minutes; default "
+                             "3, 0: off)")
     parser.add_argument("--seed", type=SEED, default=0, help="search and scheduler seed (default 0)")
     add_ray_address_arg(parser)
     add_build_memory_arg(parser)
@@ -96,6 +112,9 @@ def run(args: argparse.Namespace, log) -> int:
     from ..options import open_database
     from ..targets import parse_target_and_threads
 
+    if args.select == 1:
+        from ...errors import AnsorError
+        raise AnsorError("--select 1 compares nothing: give 0 (no selection) or 2 or more states per task")
     target = parse_target_and_threads(args.target, args.ray_address)  # sets TVM_NUM_THREADS first
     net = load_network(args.network, args.onnx, args.batch_size)
     database = open_database(args.database)
@@ -119,7 +138,7 @@ def run(args: argparse.Namespace, log) -> int:
     logs = [log_file, *(database.logs(exclude=[log_file]) if database else [])]
     if not args.eval_only:
         log.path = log_file
-        tune(args, extraction, log_file, database, table)
+        tune(args, extraction, log_file, database, table, target)
         log.path = None
     else:
         from ...log.records import distinct_records, load_records
@@ -135,9 +154,14 @@ def raise_no_tasks(net) -> None:
                        "ComputeDAG cannot analyse)")
 
 
-def tune(args: argparse.Namespace, extraction, log_file: Path, database, table) -> None:
+def tune(args: argparse.Namespace, extraction, log_file: Path, database, table, target) -> None:
     from ..options import tuning_options
     from ...relax import tune_tasks
+    from ...target import device_kind
+
+    start = time.time()
+    select = args.select if device_kind(target).profile_calls else 0
+    budget = None if args.minutes is None else args.minutes * 60
 
     if args.resume and not log_file.exists():
         print(f"note: {log_file} does not exist yet; starting a fresh log", file=sys.stderr)
@@ -159,13 +183,19 @@ def tune(args: argparse.Namespace, extraction, log_file: Path, database, table) 
 
     result = tune_tasks(extraction.tasks, log_file, args.n_trials, options=tuning_options(args, [table.measured]),
                         database=database, strategy=args.strategy, resume=args.resume, on_round=table.round_done,
-                        on_history=history, time_limit=None if args.minutes is None else args.minutes * 60)
+                        on_history=history,
+                        time_limit=None if budget is None else budget * (1 - SELECTION_SHARE if select else 1))
     table.stop()
     print(f"tuning: {result.total_measured} new trials ({table.resumed} resumed, {table.errors} failed, "
           f"{len(result.reused)} tasks from the database) in {time.time() - table.t0:.1f} s; log: {log_file}",
           file=sys.stderr)
     for note in table.notes():
         print(note, file=sys.stderr)
+    if select and result.total_measured:
+        from ...networks.selection import select_in_network
+        logs = [log_file, *(database.logs(exclude=[log_file]) if database else [])]
+        print(select_in_network(extraction, [p for p in logs if p.exists()], log_file, target, candidates=select,
+                                deadline=None if budget is None else start + budget), file=sys.stderr)
 
 
 def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], table) -> int:
@@ -187,7 +217,8 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
         return EXIT_FAILED
     if args.export:
         from ...relax import export_network
-        library = export_network(ev.tuned_executable, extraction.network, args.export, target)
+        env = pool_setting(ev.tuned_executable, extraction.network, target) if args.pool_probe else {}
+        library = export_network(ev.tuned_executable, extraction.network, args.export, target, env)
         print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
               f"{', params.bin' if extraction.network.weights else ''})")
     print(f"Output check: tuned == default build (max |difference| {cmp_.max_abs_error:.3g}, allowed "
@@ -202,6 +233,19 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
         print(f"Speedup over PyTorch eager (mean): {torch_timing.mean_ms / ev.tuned.mean_ms:.2f}x "
               f"({torch_timing.num_threads} PyTorch threads)")
     return 0
+
+
+def pool_setting(executable, network, target) -> dict:
+    """The TVM thread-pool setting that runs the tuned build fastest here (CPU targets), for the export."""
+    from ...relax.thread_pool import choose_pool_setting
+    from ...target import device_kind
+
+    if not device_kind(target).thread_pool:
+        return {}
+    print("timing the tuned build with each thread-pool setting in fresh processes ...", file=sys.stderr, flush=True)
+    choice = choose_pool_setting(executable, network, target)
+    print(choice, file=sys.stderr)
+    return dict(choice.best.env)
 
 
 def pytorch_eager(net, target, repeat: int, tvm_threads: int):
