@@ -76,6 +76,9 @@ def test_tiny_network_end_to_end(tuned):
     assert "fused_conv2d_add_relu" in proc.stderr and "[1,32,32,3]x[3,3,3,16]" in proc.stdout
     assert re.search(r"^Estimated total latency: \d+\.\d+ ms", proc.stdout, re.M), proc.stdout
     assert f"{TINY_TASKS} of {TINY_TASKS} tasks use tuned schedules" in proc.stdout
+    # Every task has two measured states: the network-level selection re-timed them and said what it did.
+    assert re.search(r"^network-level selection: \d+ heaviest tasks, their 2 best states re-timed", proc.stderr,
+                     re.M), proc.stderr[-2000:]
 
 
 def test_each_task_measures_its_default_schedule_first(tuned):
@@ -309,6 +312,9 @@ def test_database_and_export(tuned, tmp_path):
     meta = json.loads((out / "model.json").read_text())
     assert meta["entry"] == "forward" and [i["name"] for i in meta["inputs"]] == ["data"]
     assert meta["weights"] == [] and meta["params_file"] is None  # prepared for the CPU: weights are constants
+    # The thread-pool probe timed the build in fresh processes and the export names its choice ({}: TVM's).
+    assert "thread pool (mean of 3 processes each): bound" in proc.stderr, proc.stderr[-2000:]
+    assert set(meta["env"]) <= {"TVM_BIND_THREADS", "TVM_THREAD_POOL_SPIN_COUNT"}
 
     import numpy as np
     from ansor.networks import apply_schedules, build, extract, get_network, run as run_network
