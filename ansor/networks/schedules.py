@@ -258,6 +258,20 @@ def _default_rest(mod: tvm.IRModule, target: tvm.target.Target, calls: dict[str,
     return mod
 
 
+def replayed_state(task: SearchTask, steps: Sequence[Step]) -> State:
+    """The state ``steps`` make of ``task``'s own program, checked by a replay (a record's steps are
+    checked lazily, and may come from a log of another program with the same key).
+
+    Raises
+    ------
+    StepError
+        If the steps do not fit the program (and whatever TVM raises if it refuses the schedule).
+    """
+    state = task.compute_dag.state_from_steps(steps)
+    task.compute_dag.replay(state)
+    return state
+
+
 def apply_history_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], log_path: Union[str, os.PathLike],
                        target: Union[str, dict, tvm.target.Target, None] = None,
                        default: bool = True) -> tvm.IRModule:
@@ -279,10 +293,8 @@ def apply_history_best(mod: tvm.IRModule, tasks: Sequence[NetworkTask], log_path
         if rec is None:
             continue
         try:
-            schedules[t.workload_key] = t.task.compute_dag.state_from_steps(rec.steps)
-            t.task.compute_dag.replay(schedules[t.workload_key])
+            schedules[t.workload_key] = replayed_state(t.task, rec.steps)
         except StepError as err:
-            schedules.pop(t.workload_key, None)
             logger.warning("%s: the best record in %s does not replay (%s); using the default schedule",
                            t.name, log_path, err)
     logger.info("apply_history_best: %s has schedules for %d of %d tasks", log_path, len(schedules), len(tasks))

@@ -30,7 +30,7 @@ from ..state.loop_state import State
 from ..target import device_kind, parse_target
 from .evaluate import CallProfiler, build, time_network
 from .extract import Extraction, NetworkTask
-from .schedules import apply_schedules
+from .schedules import apply_schedules, replayed_state
 
 logger = logging.getLogger("ansor")
 
@@ -184,23 +184,13 @@ def _ranked_states(tasks: Sequence[NetworkTask], records: Sequence[Record], cand
         for rec in sorted(by_key.get(t.workload_key, []), key=lambda r: r.result.mean_cost):
             if len(kept) == candidates:
                 break
-            state = _replayed(t, rec)
-            if state is not None:
-                kept.append(_Candidate(rec, state))
+            try:
+                kept.append(_Candidate(rec, replayed_state(t.task, rec.steps)))
+            except (StepError, AnsorError, tvm.TVMError) as err:
+                logger.warning("%s: a measured state does not replay (%s); not a candidate", t.name, err)
         if kept:
             ranked[t.workload_key] = kept
     return ranked
-
-
-def _replayed(t: NetworkTask, rec: Record) -> Optional[State]:
-    """``rec``'s state on the task's program, or ``None`` (with a warning) if its steps do not fit."""
-    try:
-        state = t.task.compute_dag.state_from_steps(rec.steps)
-        t.task.compute_dag.replay(state)
-        return state
-    except (StepError, AnsorError, tvm.TVMError) as err:
-        logger.warning("%s: a measured state does not replay (%s); not a candidate", t.name, err)
-        return None
 
 
 def _heavy_tasks(tasks: Sequence[NetworkTask], ranked: dict[str, list[_Candidate]]) -> list[NetworkTask]:
@@ -219,7 +209,7 @@ def _heavy_tasks(tasks: Sequence[NetworkTask], ranked: dict[str, list[_Candidate
 
 
 def compare_builds(best: tvm.runtime.Executable, selected: tvm.runtime.Executable, network, target,
-             rounds: int) -> tuple[float, float, bool]:
+                   rounds: int) -> tuple[float, float, bool]:
     """Both builds timed end to end in turn; the selection is kept if it is faster in the median and in
     most rounds (so a tie on a noisy machine keeps the measurements' choice)."""
     pairs = []

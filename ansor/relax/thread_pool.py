@@ -11,6 +11,7 @@ another setting is faster on average by more than :data:`MARGIN`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import statistics
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import tvm
@@ -77,16 +79,15 @@ def choose_pool_setting(executable: tvm.runtime.Executable, network: Network, ta
                         min_repeat_ms: int = 100) -> PoolChoice:
     """Time ``executable`` in ``processes`` fresh processes per setting, in turn; the first setting is the
     default the others must beat by :data:`MARGIN`."""
-    target = parse_target(target)
-    threads = str(int(target.attrs["num-cores"])) if "num-cores" in target.attrs else os.environ.get("TVM_NUM_THREADS")
     ms: dict[str, list[float]] = {s.name: [] for s in settings}
     with tempfile.TemporaryDirectory(prefix="ansor-pool-") as work:
-        export_network(executable, network, work, target)
+        export_network(executable, network, work, parse_target(target))
+        threads = json.loads((Path(work) / "model.json").read_text())["num_threads"]  # the target's cores
         for _ in range(processes):
             for setting in settings:
                 env = {**os.environ, **dict(setting.env), "MODEL_DIR": work, "PROBE_MS": str(min_repeat_ms)}
                 if threads:
-                    env["TVM_NUM_THREADS"] = threads
+                    env["TVM_NUM_THREADS"] = str(threads)
                 proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,
                                       timeout=600)
                 if proc.returncode != 0:

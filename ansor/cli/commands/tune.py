@@ -138,7 +138,7 @@ def run(args: argparse.Namespace, log) -> int:
     logs = [log_file, *(database.logs(exclude=[log_file]) if database else [])]
     if not args.eval_only:
         log.path = log_file
-        tune(args, extraction, log_file, database, table, target)
+        tune(args, extraction, log_file, logs, database, table, target)
         log.path = None
     else:
         from ...log.records import distinct_records, load_records
@@ -154,7 +154,7 @@ def raise_no_tasks(net) -> None:
                        "ComputeDAG cannot analyse)")
 
 
-def tune(args: argparse.Namespace, extraction, log_file: Path, database, table, target) -> None:
+def tune(args: argparse.Namespace, extraction, log_file: Path, logs: list[Path], database, table, target) -> None:
     from ..options import tuning_options
     from ...relax import tune_tasks
     from ...target import device_kind
@@ -193,7 +193,6 @@ def tune(args: argparse.Namespace, extraction, log_file: Path, database, table, 
         print(note, file=sys.stderr)
     if select and result.total_measured:
         from ...networks.selection import select_in_network
-        logs = [log_file, *(database.logs(exclude=[log_file]) if database else [])]
         print(select_in_network(extraction, [p for p in logs if p.exists()], log_file, target, candidates=select,
                                 deadline=None if budget is None else start + budget), file=sys.stderr)
 
