@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from pathlib import Path
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -244,6 +245,9 @@ class DeviceKind:
     #: a kernel call returns when the kernel is done, so the VM's per-call probe times it (the
     #: network-level selection ranks candidates by it); a GPU launch returns at once
     profile_calls: bool
+    #: the name of the pretrained cost model and schedule database shipped for this kind
+    #: (``ansor/data/<name>.*``); empty: none is shipped, tuning starts cold
+    pretrained: str
 
     def device(self, target: tvm.target.Target) -> tvm.runtime.Device:
         """The device ``target``'s programs run on (the first of its type)."""
@@ -255,20 +259,31 @@ CPU_DEVICE = DeviceKind(
     compile_error="COMPILE_HOST", thread_pool=True, flush_caches=True, device_module=False,
     kernel_files=(("llvm_ir", "ll", "ll"), ("asm", "s", "asm")), host_reference=False, prepare_network=True,
     default_schedule="ansor", relax_pipeline="tvm.relax.backend.cpu_generic.pipeline", torch_baseline=True,
-    detect_arch=False, profile_calls=True,
+    detect_arch=False, profile_calls=True, pretrained="cpu",
 )
 CUDA_DEVICE = DeviceKind(
     name="cuda", hardware=_cuda_params, device_type=_kind_device_type, ray_resource="gpu",
     compile_error="COMPILE_DEVICE", thread_pool=False, flush_caches=False, device_module=True,
     kernel_files=(("cuda", "cu", "cuda"),), host_reference=True, prepare_network=False,
     default_schedule="dlight", relax_pipeline="tvm.relax.backend.gpu_generic.pipeline", torch_baseline=False,
-    detect_arch=True, profile_calls=False,
+    detect_arch=True, profile_calls=False, pretrained="",
 )
 
 
 def device_kind(target: tvm.target.Target) -> DeviceKind:
     """The kind of ``target``: every target under TVM's GPU key is compiled and searched as CUDA."""
     return CUDA_DEVICE if is_gpu(target) else CPU_DEVICE
+
+
+#: Where the package's pretrained files are (``scripts/train_pretrained.py`` writes them).
+DATA_DIR = Path(__file__).parent / "data"
+
+
+def shipped_file(target: tvm.target.Target, suffix: str) -> Optional[Path]:
+    """The shipped pretrained file ``<kind>.<suffix>`` for ``target``'s kind, or ``None`` if there is none."""
+    name = device_kind(target).pretrained
+    path = DATA_DIR / f"{name}.{suffix}"
+    return path if name and path.is_file() else None
 
 
 def hardware_params(target: tvm.target.Target, overrides: Optional[dict[str, int]] = None) -> HardwareParams:

@@ -25,6 +25,7 @@ from .errors import AnsorError, StepError
 from .state.loop_state import State
 from .log.measurement import MeasureCallback, MeasureInput, MeasureResult, program_results
 from .log.best import apply_best, best_record, print_best
+from .log.seeds import seed_states
 from .log.records import (
     Record, RecordWriter, best_records, distinct_records, load_records, other_targets_message,
 )
@@ -33,6 +34,8 @@ from .measure.runner import RunConfig
 from .sketch.policy import SearchParams, SketchPolicy
 
 if TYPE_CHECKING:
+    import tvm
+
     from .cost_model.cost_model import CostModel
     from .log.database import Database
 
@@ -98,6 +101,10 @@ class TuningOptions:
         Ray cluster to join (``None``: ``$RAY_ADDRESS``, else an embedded loopback-only local Ray).
     cost_model
         ``"xgb"`` (default), ``"random"``, or a model object (e.g. ``ansor.cost_model.load_model(path)``).
+    pretrained
+        Start from what the package ships for the target's kind (docs/pretrained.md): ``"xgb"`` starts from
+        the pretrained cost model, and each task first measures the shipped schedule database's records of
+        its workload or of the same operator at other sizes. ``False``: start cold.
     """
 
     num_measure_trials: int = 64
@@ -110,6 +117,7 @@ class TuningOptions:
     runner: RunnerOptions = field(default_factory=RunnerOptions)
     ray_address: Optional[str] = None
     cost_model: Any = "xgb"
+    pretrained: bool = True
 
     def __post_init__(self) -> None:
         if self.num_measure_trials <= 0:
@@ -122,12 +130,21 @@ class TuningOptions:
             raise AnsorError(f"unknown cost model {self.cost_model!r}; valid: 'xgb', 'random', or a model object")
 
 
-def make_cost_model(options: TuningOptions):
-    """The cost model ``options`` names: a fresh seeded XGBoost or random model, or the object given."""
+def make_cost_model(options: TuningOptions, target: Optional["tvm.target.Target"] = None):
+    """The cost model ``options`` names for ``target``: a fresh seeded XGBoost model (started from the
+    shipped pretrained booster when ``options.pretrained`` and one is shipped) or random model, or the
+    object given."""
     if not isinstance(options.cost_model, str):
         return options.cost_model
     from .cost_model import RandomModel, XGBModel
-    return XGBModel(seed=options.seed) if options.cost_model == "xgb" else RandomModel(seed=options.seed)
+    if options.cost_model == "random":
+        return RandomModel(seed=options.seed)
+    if options.pretrained and target is not None:
+        from .cost_model.pretrained import pretrained_model
+        model = pretrained_model(target, options.seed)
+        if model is not None:
+            return model
+    return XGBModel(seed=options.seed)
 
 
 def make_measurer(options: TuningOptions, callbacks: Sequence[MeasureCallback] = ()):
@@ -375,8 +392,9 @@ def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, mea
             on_resume(resumed)
         state = task.compute_dag.state_from_steps(best.steps) if best else None
         return TuneResult(state, best.result.mean_cost if best else float("inf"), resumed, resumed, [], task)
-    model = model if model is not None else make_cost_model(options)
-    policy = SketchPolicy(task, model, seed=options.seed, params=options.search)
+    model = model if model is not None else make_cost_model(options, task.target)
+    policy = SketchPolicy(task, model, seed=options.seed, params=options.search,
+                          first=seed_states(task) if options.pretrained else ())
     best_cost, best_state = float("inf"), None
     if history:
         fed = feed_history(task, history, policy, model)

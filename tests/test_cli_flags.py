@@ -54,7 +54,8 @@ def base_argv(command: str, tmp: Path) -> list[str]:
     """Valid values for what a command requires, so that only the walked flag is wrong."""
     log = str(tmp / "net-b1.json")
     return {"evaluate": [log], "export": [log, "--out", str(tmp / "out")], "export-kernels": [log, "--out", str(tmp)],
-            "train-model": [log, "--out", str(tmp / "m.npz")], "plot": [log]}.get(command, [])
+            "train-model": [log, "--out", str(tmp / "m.npz")], "pretrain": [log, "--out-dir", str(tmp / "data")],
+            "plot": [log]}.get(command, [])
 
 
 def cases(tmp: Path) -> list[tuple[str, str, list[str]]]:

@@ -51,7 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 from ..errors import AnsorError, short_message
@@ -76,11 +76,11 @@ class TuningFailed(AnsorError):
         self.detail = detail
 
 
-def tune(onnx: Path, log: Path, minutes: float, n_trials: int) -> tuple[float, int, str]:
-    """``ansor tune --onnx`` as a user runs it; returns (tuning seconds, trials, the network-level selection's
-    line) as it reports them."""
+def tune(onnx: Path, log: Path, minutes: float, n_trials: int, flags: Sequence[str] = ()) -> tuple[float, int, str]:
+    """``ansor tune --onnx`` as a user runs it (with ``flags`` added); returns (tuning seconds, trials, the
+    network-level selection's line) as it reports them."""
     cmd = [sys.executable, "-m", "ansor", "tune", "--onnx", str(onnx), "--minutes", str(minutes),
-           "--n-trials", str(n_trials), "--log-file", str(log), "--repeat", "3"]
+           "--n-trials", str(n_trials), "--log-file", str(log), "--repeat", "3", *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise TuningFailed(f"ansor tune failed ({proc.returncode}): {short_message(proc.stderr, pick='last')}",

@@ -22,6 +22,7 @@ def tuning_options(args: argparse.Namespace, callbacks: Sequence = ()):
     return TuningOptions(num_measure_trials=args.n_trials, num_measures_per_round=args.per_round,
                          early_stopping=getattr(args, "early_stopping", None), seed=args.seed,
                          measure_callbacks=list(callbacks), ray_address=args.ray_address, cost_model=model,
+                         pretrained=not getattr(args, "no_pretrained", False),
                          builder=BuilderOptions(memory_gib=getattr(args, "build_memory_gib", None)))
 
 

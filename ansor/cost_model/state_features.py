@@ -17,6 +17,8 @@ Row layout (``FEATURE_NAMES`` names every column; counts and sizes are ``log2(1 
 - the store: iterations, float ops, loops, reduction, local scope, times the stage is entered;
 - vectorization, explicit unroll, the auto-unroll body, parallel extent and balance over the cores,
   GPU thread bindings;
+- the target: its vector lanes for the stored type and its core count, so one model serves several ISAs
+  and machine sizes (the shipped pretrained model, :mod:`~ansor.cost_model.pretrained`);
 - memory: float ops and arithmetic intensity of the deepest loop level whose working set fits 32 KiB,
   1 MiB and 16 MiB; the arithmetic-intensity curve at 8 loop levels (outermost to innermost);
 - for the 5 buffers with the largest footprint: read/write, footprint, bytes accessed, cache lines,
@@ -56,7 +58,7 @@ _STORE_NAMES = [
     "iterations", "flops", "flops_per_point", "loops", "is_reduction", "writes_local", "entries",
     "vector_len", "vector_innermost", "vector_lanes_ratio", "vector_whole_lanes",
     "unroll_explicit", "auto_unroll_max", "auto_unroll_body",
-    "parallel_extent", "parallel_balance", "work_per_thread",
+    "parallel_extent", "parallel_balance", "work_per_thread", "target_lanes", "target_cores",
     "block_idx", "thread_idx", "vthread",
 ]
 _STORE_NAMES += [f"{what}_fit_{size // 1024}k" for size in CACHE_LEVELS for what in ("flops", "intensity")]
@@ -355,7 +357,7 @@ def _store_row(state: State, sid: int, nests: dict[int, list[_Loop]], cores: int
     row += [_log(vector_len), float(bool(nest) and nest[-1].annotation == "vectorize"),
             vector_len / lanes if vector_len else 0.0, float(vector_len > 0 and vector_len % lanes == 0)]
     row += [_log(unroll_explicit), _log(max_step), _log(body if max_step else 0)]
-    row += [_log(parallel if parallel > 1 else 0), balance, _log(iterations / parallel)]
+    row += [_log(parallel if parallel > 1 else 0), balance, _log(iterations / parallel), _log(lanes), _log(cores)]
     row += [_log(g) for g in gpu]
     for size in CACHE_LEVELS:
         k = max(k for k in range(len(level_bytes)) if k == 0 or level_bytes[k] <= size)

@@ -6,6 +6,9 @@ score is the sum over its rows, and training minimises a loss on those sums (see
 XGBoost is driven through its public custom-objective API (``xgb.train(obj=..., custom_metric=...)``).
 
 Every ``update`` appends the new measurements and retrains from scratch on all kept data (as Ansor did).
+A model may start from a *prior* booster (the shipped pretrained one, :mod:`.pretrained`): it ranks alone
+until the first training, and afterwards the new trees learn only what it gets wrong on this run's
+programs (its row predictions are the base margin of training and prediction).
 Two caps bound the cost of a round as logs grow: at most ``max_programs_per_task`` programs per task
 (:class:`~.dataset.TrainingSet`) and at most ``num_boost_round`` trees, with early stopping when the
 training loss stops improving.
@@ -110,13 +113,16 @@ class XGBModel(CostModel):
         call) or ``"tvm"`` (TVM's C++ ``PerStoreFeature`` on the replayed program; ~10x slower).
     extractor
         Shares a feature cache between models (a new one of ``features`` by default).
+    prior
+        A trained booster on the same features whose predictions this model starts from and corrects.
     """
 
     kind = "xgb"
 
     def __init__(self, params: Optional[XGBParams] = None, *, min_train_programs: int = 16,
                  max_programs_per_task: Optional[int] = MAX_PROGRAMS_PER_TASK, seed: int = 0,
-                 features: str = "state", extractor: Optional[FeatureExtractor | StateFeatureExtractor] = None):
+                 features: str = "state", extractor: Optional[FeatureExtractor | StateFeatureExtractor] = None,
+                 prior: Optional[xgb.Booster] = None):
         if extractor is None and features not in FEATURE_SETS:
             raise CostModelError(f"unknown feature set {features!r}; choose one of {', '.join(FEATURE_SETS)}")
         self.params = params or XGBParams()
@@ -125,6 +131,7 @@ class XGBModel(CostModel):
         self.extractor = extractor or FEATURE_SETS[features]()
         self.data = TrainingSet(max_programs_per_task)
         self.booster: Optional[xgb.Booster] = None
+        self.prior = prior
         self.last_train = TrainStats()
         self._rng = np.random.default_rng(seed)
 
@@ -161,7 +168,7 @@ class XGBModel(CostModel):
             raise CostModelError("no training data: update the model with measured programs first")
         packs = arrays.packs
         objective = make_objective(self.params.objective, packs, seed=self.seed)
-        dtrain = xgb.DMatrix(arrays.rows, nthread=self._nthread())
+        dtrain = self._matrix(arrays.rows)
 
         def obj(preds: np.ndarray, _: xgb.DMatrix) -> tuple[np.ndarray, np.ndarray]:
             return packs.to_rows(*objective.gradient(packs.sums(preds)))
@@ -183,8 +190,13 @@ class XGBModel(CostModel):
                      len(arrays.rows), rounds, self.last_train.seconds)
 
     # ------------------------------------------------------------------ predicting
+    @property
+    def trained(self) -> bool:
+        """Whether predictions mean anything: trained here, or started from a prior."""
+        return self.booster is not None or self.prior is not None
+
     def predict(self, task: SearchTask, states: Sequence[State]) -> np.ndarray:
-        if self.booster is None:
+        if not self.trained:
             return self._rng.uniform(0.0, 1.0, len(states))
         scores = np.full(len(states), -np.inf)
         for i, parts in enumerate(self.predict_stores(task, states)):
@@ -194,14 +206,15 @@ class XGBModel(CostModel):
 
     def predict_stores(self, task: SearchTask, states: Sequence[State]) -> list[Optional[np.ndarray]]:
         """Each state's per-store predictions (their sum is its score); ``None`` where replay fails."""
-        if self.booster is None:
+        if not self.trained:
             raise CostModelError("the model is not trained yet: update it with measured programs first")
         feats = self.extractor.extract(task, states)
         live = [f for f in feats if f is not None]
         if not live:
             return [None] * len(states)
-        preds = self.booster.predict(xgb.DMatrix(np.concatenate(live), nthread=self._nthread()),
-                                     output_margin=True)
+        matrix = self._matrix(np.concatenate(live))
+        preds = (self.booster.predict(matrix, output_margin=True) if self.booster is not None
+                 else matrix.get_base_margin())
         out: list[Optional[np.ndarray]] = []
         pos = 0
         for f in feats:
@@ -215,6 +228,13 @@ class XGBModel(CostModel):
     def _nthread(self) -> int:
         return self.params.nthread or physical_cores()
 
+    def _matrix(self, rows: np.ndarray) -> xgb.DMatrix:
+        """``rows`` as XGBoost input, with the prior's row predictions as the base margin."""
+        matrix = xgb.DMatrix(rows, nthread=self._nthread())
+        if self.prior is not None:
+            matrix.set_base_margin(self.prior.predict(matrix, output_margin=True))
+        return matrix
+
     # ------------------------------------------------------------------ files
     def save(self, path: PathLike) -> None:
         """Write the booster, the settings and the kept training data (so training can go on after load)."""
@@ -223,8 +243,9 @@ class XGBModel(CostModel):
                   "max_programs_per_task": self.data.max_programs_per_task, "seed": self.seed,
                   "task_keys": self.data.task_keys}
         arrays = self.data.to_arrays()
-        if self.booster is not None:
-            arrays["booster"] = np.frombuffer(bytes(self.booster.save_raw("ubj")), dtype=np.uint8)
+        for name, booster in (("booster", self.booster), ("prior", self.prior)):
+            if booster is not None:
+                arrays[name] = np.frombuffer(bytes(booster.save_raw("ubj")), dtype=np.uint8)
         write_model_file(path, header, arrays)
 
     @classmethod
@@ -239,8 +260,14 @@ class XGBModel(CostModel):
                                      f"version computes {model.extractor.num_features}; retrain it with "
                                      "scripts/train_cost_model.py")
             model.data = TrainingSet.from_arrays(arrays, list(header["task_keys"]), header["max_programs_per_task"])
-            if "booster" in arrays:
-                model.booster = xgb.Booster(model_file=bytearray(arrays["booster"].tobytes()))
+            for name in ("booster", "prior"):
+                if name in arrays:
+                    booster = xgb.Booster(model_file=bytearray(arrays[name].tobytes()))
+                    if booster.num_features() != model.extractor.num_features:
+                        raise CostModelError(f"{path}: its {name} reads {booster.num_features()} features, this "
+                                             f"version computes {model.extractor.num_features}; retrain it with "
+                                             "scripts/train_cost_model.py")
+                    setattr(model, name, booster)
         except (KeyError, TypeError, ValueError, IndexError, OverflowError, CostModelError,
                 xgb.core.XGBoostError) as err:
             raise CostModelError(f"{path}: damaged xgb cost model ({type(err).__name__}: {err})") from None

@@ -26,7 +26,9 @@ from ..errors import AnsorError
 from ..log.measurement import MeasureInput, MeasureResult
 from ..networks import NetworkTask, default_candidates, extract
 from ..log.records import Record
-from ..task.search_task import TargetLike
+from ..log.seeds import seed_states
+from ..state.loop_state import State
+from ..task.search_task import SearchTask, TargetLike
 from ..tuning import TuningOptions, log_history, log_path, make_cost_model, measuring_into, with_trials
 from .model import Params, as_network
 
@@ -146,18 +148,24 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
                 best[inp.task.workload_key] = min(best.get(inp.task.workload_key, float("inf")), res.mean_cost)
 
     if resumed < options.num_measure_trials and any(k not in reused for k in keys):
-        model = make_cost_model(options)
+        model = make_cost_model(options, tasks[0].task.target)
         with measuring_into(path, options, on_round, [count]) as (measurer, round_done):
             schedule_tasks([t.task for t in tasks], [t.weight for t in tasks], options.num_measure_trials, measurer,
                            model, per_round=options.num_measures_per_round, strategy=strategy,
                            early_stopping=options.early_stopping, seed=options.seed, search=options.search,
-                           on_round=round_done, first=[default_candidates(t.task) for t in tasks],
+                           on_round=round_done, first=[first_candidates(t.task, options.pretrained) for t in tasks],
                            time_limit=time_limit, history=own, tuned_elsewhere=reused)
     else:
         logger.info("nothing to tune: %d resumed records, %d of %d tasks from the database", resumed,
                     len(reused), len(tasks))
     return NetworkTuneResult(list(tasks), path, [best.get(k, float("inf")) for k in keys],
                              [measured[k] for k in keys], resumed, sorted(reused))
+
+
+def first_candidates(task: SearchTask, pretrained: bool) -> list[State]:
+    """What a network task measures before searching: the shipped database's seeds (``pretrained``), then
+    the default schedule the untuned build would run."""
+    return [*(seed_states(task) if pretrained else ()), *default_candidates(task)]
 
 
 def tune_relax(mod, params: Params, target: TargetLike, log_file: Union[str, os.PathLike],

@@ -87,6 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cost model that ranks candidates, shared by all tasks (default xgb)")
     parser.add_argument("--load-model", default=None, metavar="FILE", type=ExistingFile("a saved cost model", "model.npz"),
                         help="start from a cost model saved by ansor train-model")
+    parser.add_argument("--no-pretrained", action="store_true",
+                        help="start cold: no shipped pretrained cost model and no first candidates from the "
+                             "shipped schedule database (docs/pretrained.md; the default uses both on CPU "
+                             "targets)")
     parser.add_argument("--select", type=SELECT, default=3, metavar="K",
                         help="after tuning, re-time the K best states of the heaviest tasks inside the built "
                              "network and keep the combination that is fastest there if it beats the best "

@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cost model that ranks candidates (default xgb)")
     parser.add_argument("--load-model", default=None, type=ExistingFile("a saved cost model", "model.npz"),
                         help="start from a cost model saved by ansor train-model")
+    parser.add_argument("--no-pretrained", action="store_true",
+                        help="start cold: no shipped pretrained cost model and no first candidates from the "
+                             "shipped schedule database (docs/pretrained.md; the default uses both on CPU "
+                             "targets)")
     parser.add_argument("--per-round", type=PER_ROUND, default=16,
                         help="candidates measured per search round (default 16)")
     add_build_memory_arg(parser)

@@ -1,0 +1,172 @@
+"""The schedule database shipped with the package, and the first programs it gives a task.
+
+``ansor/data/<kind>.schedules.json`` is an ordinary tuning log (read as data by
+:func:`~ansor.log.records.load_records`): the best few records of each workload of the model-zoo logs on
+each ISA they were tuned on (``scripts/train_pretrained.py``). A task starts by measuring up to
+:data:`SEEDS_PER_TASK` of them, as Transfer-Tuning (PACT'22) reuses the schedules of tuned models:
+
+- its own workload's records, those tuned for the same vector width first;
+- else records of the same operator at other sizes (same stages, same loop kinds: :func:`signature`),
+  nearest in FLOPs first, with every split re-fitted to the new loop extents (:func:`refit`).
+
+A seed is an ordinary candidate: it costs a trial, is measured like any other, and wins only if it is
+the fastest; a seed whose steps do not fit the task is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..errors import AnsorError, RecordError, StepError
+from ..state.loop_state import State
+from ..state.transform_steps import Step
+from ..state.transform_steps.split import SplitStep
+from ..target import shipped_file
+from ..task.search_task import SearchTask
+from .records import Record, load_records
+
+logger = logging.getLogger("ansor")
+
+#: The suffix of the shipped schedule database after the device kind's name.
+SCHEDULES_SUFFIX = "schedules.json"
+#: The index of a schedule database is a JSON file beside it: ``<log name>`` + this.
+INDEX_SUFFIX = ".index"
+#: Seeds measured per task: a first round's worth would crowd out the search; three covered the best
+#: record of the zoo's other ISA and two near neighbours at other sizes.
+SEEDS_PER_TASK = 3
+
+_NUMBERING = re.compile(r"^lv\d+_|\d+$")
+
+
+def signature(task: SearchTask) -> str:
+    """The computation of ``task`` without its sizes: each stage's name (numbering dropped), the kinds of
+    its block variables and how many buffers it reads. Two tasks with one signature take the same steps."""
+    parts = []
+    for stage in task.compute_dag.stages:
+        kinds = "".join(v.kind.value for v in stage.block.vars)
+        parts.append(f"{_NUMBERING.sub('', stage.name)}:{kinds}:{len(stage.block.reads)}")
+    return "|".join(parts)
+
+
+def refit(task: SearchTask, steps: Sequence[Step]) -> State:
+    """``steps`` applied to ``task``, each split's lengths re-fitted to the loop it now splits: from the
+    innermost part out, the divisor of what is left of the extent nearest the recorded length.
+
+    Raises :class:`~ansor.errors.StepError` when a step does not fit ``task``.
+    """
+    state = task.compute_dag.init_state()
+    for step in steps:
+        if isinstance(step, SplitStep) and None not in step.lengths:
+            extent = state.checked_iter(step.stage_id, step.iter_id).extent
+            if extent is not None and extent != step.extent:
+                step = replace(step, extent=extent, lengths=_fit_lengths(extent, step.lengths))
+        state.apply(step)
+    return state
+
+
+def _fit_lengths(extent: int, lengths: Sequence[int]) -> tuple[int, ...]:
+    left, fitted = extent, []
+    for length in reversed(lengths):
+        small = [d for d in range(1, math.isqrt(left) + 1) if left % d == 0]
+        divisors = small + [left // d for d in small]
+        best = min(divisors, key=lambda d: (abs(math.log(d / length)), d))
+        fitted.append(best)
+        left //= best
+    return tuple(reversed(fitted))
+
+
+class ScheduleDatabase:
+    """A shipped log and its index: each workload's :func:`signature` and FLOPs, so that a task reads the
+    records of the few workloads it may take steps from, not the whole log (every workload line holds a
+    PrimFunc: reading all of them costs a second)."""
+
+    def __init__(self, path: Path, index: dict[str, tuple[str, float]]):
+        self.path = path
+        self.index = index
+        self._records: dict[str, list[Record]] = {}
+
+    @staticmethod
+    def read(path: Path) -> "ScheduleDatabase":
+        """The database of the log ``path`` with its index ``<path>.index``; raises
+        :class:`~ansor.errors.RecordError` when the index is missing or malformed."""
+        index_path = path.with_name(path.name + INDEX_SUFFIX)
+        try:
+            data = json.loads(index_path.read_text())
+            index = {str(k): (str(sig), float(flops)) for k, (sig, flops) in data["workloads"].items()}
+        except OSError as err:
+            raise RecordError(f"{index_path}: cannot read ({err.strerror or err})") from None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise RecordError(f"{index_path}: not a schedule database index") from None
+        return ScheduleDatabase(path, index)
+
+    @staticmethod
+    def write_index(records: Sequence[Record], path: Path) -> None:
+        """Write the index of the log ``path`` holding ``records``."""
+        workloads = {}
+        for rec in records:
+            if rec.workload_key not in workloads:
+                workloads[rec.workload_key] = [signature(rec.task), rec.task.compute_dag.flop_ct]
+        path.with_name(path.name + INDEX_SUFFIX).write_text(json.dumps({"workloads": workloads}, indent=1))
+
+    def records(self, key: str) -> list[Record]:
+        """The valid records of workload ``key``, fastest first."""
+        if key not in self._records:
+            recs = [r for r in load_records(self.path, workload_key=key) if r.result.ok]
+            self._records[key] = sorted(recs, key=lambda r: r.result.mean_cost)
+        return self._records[key]
+
+    def seeds(self, task: SearchTask, limit: int = SEEDS_PER_TASK) -> list[State]:
+        """Up to ``limit`` states for ``task``: its workload's records, else refitted neighbours'."""
+        vector_bytes = task.hardware_params.vector_unit_bytes
+        if task.workload_key in self.index:
+            own = self.records(task.workload_key)
+            candidates = sorted(own, key=lambda r: r.task.hardware_params.vector_unit_bytes != vector_bytes)
+        else:
+            sig, flops = signature(task), max(task.compute_dag.flop_ct, 1.0)
+            keys = sorted((k for k, (s, _) in self.index.items() if s == sig),
+                          key=lambda k: abs(math.log(max(self.index[k][1], 1.0) / flops)))
+            candidates = [best_of(recs, vector_bytes) for recs in map(self.records, keys[:limit]) if recs]
+        states: list[State] = []
+        seen: set = set()
+        for rec in candidates:
+            try:
+                state = refit(task, rec.steps)
+            except StepError:
+                continue
+            if state.key() not in seen:
+                seen.add(state.key())
+                states.append(state)
+            if len(states) == limit:
+                break
+        return states
+
+
+def best_of(records: Sequence[Record], vector_bytes: int) -> Record:
+    """The fastest of ``records`` (sorted fastest first) tuned for ``vector_bytes``, else the fastest."""
+    return next((r for r in records if r.task.hardware_params.vector_unit_bytes == vector_bytes), records[0])
+
+
+def seed_states(task: SearchTask, limit: int = SEEDS_PER_TASK) -> list[State]:
+    """The shipped database's first programs for ``task`` (none when nothing is shipped for its kind)."""
+    path = shipped_file(task.target, SCHEDULES_SUFFIX)
+    if path is None:
+        return []
+    database = _shipped(path)
+    return database.seeds(task, limit) if database is not None else []
+
+
+@lru_cache(maxsize=None)
+def _shipped(path: Path) -> Optional[ScheduleDatabase]:
+    """The shipped database, read once per process; ``None`` (with a warning) when it cannot be read."""
+    try:
+        return ScheduleDatabase.read(path)
+    except AnsorError as err:
+        logger.warning("shipped schedule database not used: %s", err)
+        return None

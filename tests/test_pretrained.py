@@ -1,0 +1,152 @@
+"""The shipped pretrained cost model and schedule database: they load, rank held-out programs better than
+chance, seed a task with steps that fit it, and a seeded search is not worse than a cold one."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ansor
+import ansor.target
+from ansor.cost_model import XGBModel, load_model
+from ansor.cost_model.pretrained import pretrain, pretrained_model
+from ansor.cost_model.training import evaluate, to_measure_pairs
+from ansor.log.measurement import ErrorNo, MeasureInput, MeasureResult
+from ansor.log.records import RecordWriter, load_records
+from ansor.log.seeds import ScheduleDatabase, refit, seed_states, signature
+from ansor.sketch.search_space import space_of
+from ansor.state.transform_steps.split import SplitStep
+from ansor.target import parse_target, shipped_file
+from ansor.tuning import TuningOptions, make_cost_model
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Records of two ViT-B/16 tasks (a model the shipped files were not trained on), measured on AVX-512.
+HELD_OUT = ROOT / "tests" / "data" / "held_out_vit.json"
+AVX2 = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}
+CUDA = {"kind": "cuda", "arch": "sm_80"}
+
+
+def ok(cost: float) -> MeasureResult:
+    return MeasureResult((cost,), ErrorNo.NO_ERROR, all_cost=0.1, timestamp=1.7e9)
+
+
+def tiled(task, a: int, b: int):
+    s = task.compute_dag.init_state()
+    s.split(0, 0, [a])
+    s.split(0, 2, [b])
+    s.reorder(0, [0, 2, 4, 1, 3])
+    s.annotate(0, 4, "vectorize")
+    return s
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """An empty directory standing in for the package's ansor/data."""
+    monkeypatch.setattr(ansor.target, "DATA_DIR", tmp_path / "data")
+    (tmp_path / "data").mkdir()
+    return tmp_path / "data"
+
+
+def test_the_package_ships_both_files_for_cpu_and_none_for_cuda():
+    cpu = parse_target(AVX2)
+    assert shipped_file(cpu, "model.npz") is not None and shipped_file(cpu, "schedules.json") is not None
+    assert shipped_file(parse_target(CUDA), "model.npz") is None
+    assert make_cost_model(TuningOptions(), cpu).prior is not None
+    assert make_cost_model(TuningOptions(pretrained=False), cpu).prior is None
+    assert make_cost_model(TuningOptions(), parse_target(CUDA)).prior is None
+
+
+def test_the_shipped_model_ranks_held_out_programs_better_than_chance():
+    inputs, results = to_measure_pairs(load_records(HELD_OUT))
+    assert len({inp.task.workload_key for inp in inputs}) == 2 and len(inputs) >= 100
+    shipped = evaluate(pretrained_model(inputs[0].task.target), inputs, results)
+    cold = evaluate(XGBModel(seed=0), inputs, results)  # untrained: random scores
+    assert shipped.pairwise_accuracy >= 0.6, shipped  # 0.618 here; 0.615 over all of the held-out ViT log
+    assert abs(cold.pairwise_accuracy - 0.5) < 0.05, cold
+
+
+def test_a_damaged_shipped_model_means_a_cold_start_with_a_warning(data_dir, caplog):
+    (data_dir / "cpu.model.npz").write_bytes(b"PK\x03\x04 not a zip archive")
+    assert pretrained_model(parse_target(AVX2)) is None
+    assert "pretrained cost model not used" in caplog.text
+    assert make_cost_model(TuningOptions(), parse_target(AVX2)).prior is None
+
+
+def test_a_model_with_a_prior_corrects_it_and_keeps_it_when_saved(tmp_path):
+    task = ansor.SearchTask.from_workload("matmul-128", AVX2)
+    states = [tiled(task, a, b) for a in (1, 2, 4, 8, 16) for b in (1, 4, 16, 32)]
+    costs = [1e-3 * (1 + abs(math.log2(s.steps[0].lengths[0]) - 3)) for s in states]
+    model = pretrained_model(task.target)
+    before = model.predict(task, states)
+    assert np.isfinite(before).all() and np.ptp(before) > 0  # ranks before any measurement
+    model.update([MeasureInput(task, s) for s in states], [ok(c) for c in costs])
+    after = model.predict(task, states)
+    assert not np.allclose(before, after)
+    model.save(tmp_path / "m.npz")
+    loaded = load_model(tmp_path / "m.npz")
+    assert loaded.prior is not None and np.allclose(loaded.predict(task, states), after)
+
+
+def test_refit_fits_the_splits_of_another_size():
+    small, large = (ansor.SearchTask.from_workload(f"matmul-{n}", AVX2) for n in (64, 96))
+    assert signature(small) == signature(large)
+    state = refit(large, tiled(small, 16, 32).steps)
+    splits = [s for s in state.steps if isinstance(s, SplitStep)]
+    assert [(s.extent, s.lengths) for s in splits] == [(96, (16,)), (96, (32,))]
+    assert space_of(large.target).check(large, state) is None  # TVM replays it
+
+
+def test_seeds_come_from_the_workload_else_from_the_same_operator_at_another_size(data_dir):
+    small = ansor.SearchTask.from_workload("matmul-64", AVX2)
+    log = data_dir / "cpu.schedules.json"
+    with RecordWriter(log) as writer:
+        for (a, b), cost in (((8, 16), 2e-5), ((4, 32), 1e-5), ((2, 2), 9e-5)):
+            writer.write([MeasureInput(small, tiled(small, a, b))], [ok(cost)])
+    ScheduleDatabase.write_index(load_records(log), log)
+    own = seed_states(small)
+    assert [tuple(s.steps[i].lengths[0] for i in (0, 1)) for s in own] == [(4, 32), (8, 16), (2, 2)]  # fastest first
+    other = seed_states(ansor.SearchTask.from_workload("matmul-96", AVX2), limit=1)
+    assert len(other) == 1 and other[0].steps[0].extent == 96
+    assert seed_states(ansor.SearchTask.from_workload("conv2d-nhwc-small", AVX2)) == []  # another operator
+
+
+def test_a_damaged_schedule_index_means_no_seeds(data_dir, caplog):
+    (data_dir / "cpu.schedules.json").write_text("")
+    (data_dir / "cpu.schedules.json.index").write_text("{not json")
+    assert seed_states(ansor.SearchTask.from_workload("matmul-64", AVX2)) == []
+    assert "shipped schedule database not used" in caplog.text
+
+
+@pytest.mark.usefixtures("local_ray")
+def test_a_seeded_search_is_not_worse_than_a_cold_one(data_dir, tmp_path):
+    """Tuned cold, the task's log becomes the shipped database; tuned again with the same budget, the
+    database's best states are measured first, so the seeded search ends at least as fast (timing noise
+    aside)."""
+    task = ansor.SearchTask.from_workload("matmul-256")
+    options = TuningOptions(num_measure_trials=8, num_measures_per_round=8, pretrained=False)
+    cold = ansor.tune_task(task, options, tmp_path / "cold.json")
+    pretrain([tmp_path / "cold.json"], data_dir, top_k=3)
+    seeded = ansor.tune_task(task, TuningOptions(num_measure_trials=8, num_measures_per_round=8),
+                             tmp_path / "seeded.json")
+    seeds = {r.steps for r in load_records(data_dir / "cpu.schedules.json")}
+    assert seeds and seeds <= {r.steps for r in load_records(tmp_path / "seeded.json")}
+    assert seeded.best_cost <= cold.best_cost * 1.25, (seeded.best_cost, cold.best_cost)
+
+
+def test_pretrain_command_writes_both_files_and_reports_held_out_ranking(tmp_path):
+    out = tmp_path / "data"
+    proc = subprocess.run([sys.executable, "-m", "ansor", "pretrain", str(HELD_OUT), "--held-out", str(HELD_OUT),
+                           "--out-dir", str(out), "--top-k", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "pairwise accuracy" in proc.stdout and "schedule database: 4 records" in proc.stdout, proc.stdout
+    assert isinstance(load_model(out / "cpu.model.npz"), XGBModel)
+    assert len(ScheduleDatabase.read(out / "cpu.schedules.json").index) == 2
+    bad = tmp_path / "failed.json"
+    bad.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "ansor", "pretrain", str(bad), "--out-dir", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "no valid record" in errors[0], proc.stderr
