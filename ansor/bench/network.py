@@ -93,6 +93,11 @@ def tune(onnx: Path, log: Path, minutes: float, n_trials: int, flags: Sequence[s
     return float(found.group(2)), int(found.group(1)), selection.group(0) if selection else ""
 
 
+def tune_flags(args: argparse.Namespace) -> list[str]:
+    """The ``ansor tune`` flags that ``ansor bench``'s own flags ask for."""
+    return ["--no-pretrained"] if args.no_pretrained else []
+
+
 def tune_metaschedule(extraction, target, trials: int, work_dir: str):
     """MetaSchedule's ``tune_relax`` on the module ansor tuned (same PrimFuncs, weights bound as constants,
     which its layout rewrite packs), best schedules applied with ``MetaScheduleApplyDatabase`` and built as
@@ -202,7 +207,8 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
     start = time.time()
     if not args.log:
         print(f"{name}: tuning for up to {args.minutes:g} minutes ...", flush=True)
-        report.tuning_s, report.trials, report.selection = tune(onnx, log, args.minutes, args.n_trials)
+        report.tuning_s, report.trials, report.selection = tune(onnx, log, args.minutes, args.n_trials,
+                                                                tune_flags(args))
     else:
         from ..log.records import load_records
         records = load_records(log)
@@ -266,6 +272,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minutes", type=MINUTES, default=10.0, help="ansor's tuning time per model (default 10)")
     parser.add_argument("--n-trials", type=TRIALS, default=100_000,
                         help="ansor's trial budget per model (default: large, so --minutes decides)")
+    parser.add_argument("--no-pretrained", action="store_true",
+                        help="tune from a cold start (ansor tune --no-pretrained): without the shipped pretrained "
+                             "cost model and schedule database, which hold records of resnet-50, bert and "
+                             "some zoo models (docs/pretrained.md)")
     parser.add_argument("--log", default=None, type=ExistingFile("a tuning log", "logs/net.json"),
                         help="evaluate this tuning log instead of tuning (one model)")
     parser.add_argument("--metaschedule", action="store_true",

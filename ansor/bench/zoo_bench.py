@@ -99,7 +99,7 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
                     say: Callable[[str], None] = logger.info) -> ZooResult:
     """Export, import, build, tune (unless done) and measure one model; a failure at any stage is caught as
     an :class:`~ansor.errors.AnsorError` and becomes the result's error (and the status file's)."""
-    from .network import measure, tune
+    from .network import measure, tune, tune_flags
     from .zoo import export
     status = read_status(work, model.name)
     result = ZooResult(model)
@@ -120,7 +120,7 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
                 say(f"{model.name}: an earlier tuning did not finish; its log is kept as {aside}")
             say(f"{model.name}: tuning for up to {args.minutes:g} minutes ...")
             start = time.time()
-            tuning_s, trials, _ = tune(onnx, log, args.minutes, args.n_trials)
+            tuning_s, trials, _ = tune(onnx, log, args.minutes, args.n_trials, tune_flags(args))
             status = ZooStatus(True, start, tuning_s, trials)
             write_status(work, model.name, status)
         else:
