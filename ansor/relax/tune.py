@@ -163,9 +163,9 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
 
 
 def first_candidates(task: SearchTask, pretrained: bool) -> list[State]:
-    """What a network task measures before searching: the shipped database's seeds (``pretrained``), then
-    the default schedule the untuned build would run."""
-    return [*(seed_states(task) if pretrained else ()), *default_candidates(task)]
+    """What a network task measures before searching: the default schedule the untuned build would run (so
+    tuning never ends slower than it), then the shipped database's seeds (``pretrained``)."""
+    return [*default_candidates(task), *(seed_states(task) if pretrained else ())]
 
 
 def tune_relax(mod, params: Params, target: TargetLike, log_file: Union[str, os.PathLike],
