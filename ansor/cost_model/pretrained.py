@@ -21,7 +21,7 @@ from typing import Sequence
 import tvm
 
 from ..errors import RecordError
-from ..log.records import PathLike, distill, load_records
+from ..log.records import PathLike, distill_records, load_records
 from ..log.seeds import SCHEDULES_SUFFIX, ScheduleDatabase
 from ..target import device_kind, shipped_file
 from .cost_model import CostModelError, read_model_file
@@ -76,7 +76,8 @@ def pretrain(logs: Sequence[PathLike], out_dir: PathLike, *, held_out: Sequence[
 
     Writes ``<out_dir>/<kind>.model.npz`` (the booster, trained on every record of ``logs`` measured for a
     target of that kind, all ISAs together; the features carry each target's vector lanes and cores) and
-    ``<out_dir>/<kind>.schedules.json`` (the ``top_k`` best distinct records of each workload and target).
+    ``<out_dir>/<kind>.schedules.json`` (the ``top_k`` best distinct records of each workload and target of
+    that kind) with its index.
     ``held_out``: logs of models left out of training, on which the trained model's ranking is reported.
     """
     t0 = time.perf_counter()
@@ -91,10 +92,10 @@ def pretrain(logs: Sequence[PathLike], out_dir: PathLike, *, held_out: Sequence[
     out = Path(out_dir)
     shipped.save(out / f"{kind}.{MODEL_SUFFIX}")
     schedules = out / f"{kind}.{SCHEDULES_SUFFIX}"
-    kept = distill(logs, schedules, top_k=top_k)
-    ScheduleDatabase.write_index(load_records(schedules), schedules)
+    kept = distill_records(records, schedules, top_k=top_k)
+    ScheduleDatabase.write_index(kept, schedules)
     report = PretrainReport(trained.last_train.programs, len({(r.workload_key, r.task.target_str) for r in records}),
-                            dict(Counter(r.task.target_str for r in records)), kept, time.perf_counter() - t0)
+                            dict(Counter(r.task.target_str for r in records)), len(kept), time.perf_counter() - t0)
     for path in held_out:
         test_in, test_res = to_measure_pairs(load_records(path))
         if test_in:

@@ -517,16 +517,21 @@ def distill(in_paths: Union[PathLike, Iterable[PathLike]], out_path: PathLike, t
 
     ``out_path`` is replaced atomically, so it may be one of the inputs. Returns the number of records kept.
     """
+    return len(distill_records(load_records(in_paths), out_path, top_k))
+
+
+def distill_records(records: Iterable[Record], out_path: PathLike, top_k: int = 1) -> list[Record]:
+    """:func:`distill` of records already loaded; returns the records written."""
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
     groups: dict[tuple[str, str], list[Record]] = {}
-    for rec in load_records(in_paths):
+    for rec in records:
         if rec.result.ok:
             groups.setdefault((rec.workload_key, rec.task.target_str), []).append(rec)
     out = Path(out_path)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    kept = 0
+    kept: list[Record] = []
     try:
         with RecordWriter(tmp) as writer:
             for recs in groups.values():
@@ -537,7 +542,7 @@ def distill(in_paths: Union[PathLike, Iterable[PathLike]], out_path: PathLike, t
                     if rec.steps not in seen:
                         seen.add(rec.steps)
                         writer.write_record(rec.task, rec.steps, rec.result)
-                        kept += 1
+                        kept.append(rec)
         try:
             os.replace(tmp, out)
         except OSError as err:
