@@ -51,7 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 
 from ..errors import AnsorError, short_message
@@ -127,6 +127,21 @@ def records_until(log: Path, deadline: float, out: Path) -> int:
     return len(kept)
 
 
+def tuning_curve(extraction, log: Path, start: float, minutes: float, checkpoints: Sequence[float], target,
+                 repeat: int, pause: float, work: Path, name: str) -> Iterator[tuple[float, float]]:
+    """(minutes, median ms) of the build of the records of ``log`` measured within each checkpoint minute since
+    ``start`` (unix time) below ``minutes``, then within ``minutes`` (no point at all without ``checkpoints``);
+    each prefix is kept in ``work`` as ``<name>-<M>min.json``."""
+    from ..networks import apply_history_best, build, time_network
+    for m in [c for c in checkpoints if c < minutes] + ([minutes] if checkpoints else []):
+        partial = work / f"{name}-{m}min.json"
+        if records_until(log, start + m * 60, partial) == 0:
+            continue
+        time.sleep(pause)
+        exe = build(apply_history_best(extraction.mod, extraction.tasks, partial, target=target), target)
+        yield m, time_network(exe, extraction.network, target=target, repeat=repeat).median_ms
+
+
 def evaluate(report: ModelReport, extraction, log: Path, start: float, target, repeat: int, pause: float,
              work: Path, checkpoints: tuple[float, ...] = CHECKPOINTS, default: Any = None) -> tuple[Any, list]:
     """Time the builds along the tuning curve (minutes since the tuning command started, up to its last
@@ -136,14 +151,10 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
     from ..log.records import load_records
     net = extraction.network
     minutes = (max((r.result.timestamp for r in load_records(log)), default=start) - start) / 60
-    for m in [c for c in checkpoints if c < minutes] + ([minutes] if checkpoints else []):
-        partial = work / f"{report.name}-{m}min.json"
-        if records_until(log, start + m * 60, partial) == 0:
-            continue
-        time.sleep(pause)
-        exe = build(apply_history_best(extraction.mod, extraction.tasks, partial, target=target), target)
-        report.curve.append((m, time_network(exe, net, target=target, repeat=max(3, repeat // 2)).median_ms))
-        print(f"  {report.name}: after {m:g} min {report.curve[-1][1]:.2f} ms", flush=True)
+    for point in tuning_curve(extraction, log, start, minutes, checkpoints, target, max(3, repeat // 2), pause,
+                              work, report.name):
+        report.curve.append(point)
+        print(f"  {report.name}: after {point[0]:g} min {point[1]:.2f} ms", flush=True)
     tuned = build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)
     time.sleep(pause)
     report.tuned_ms = time_network(tuned, net, target=target, repeat=repeat).median_ms

@@ -26,12 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-CHECKPOINTS = (1, 2, 3, 5, 7.5, 10)
 
-
-def tuned_log(onnx: Path, log: Path, minutes: float, cold: bool, startup: float = 0.0) -> tuple[float, int]:
-    """Tune into ``log`` unless it exists; returns (start time, trials). The start is kept beside the log; a
-    log given with --cold-log has none, and starts ``startup`` seconds before its first measurement."""
+def tuned_log(onnx: Path, log: Path, minutes: float, cold: bool, startup: float = 0.0) -> tuple[float, float, int]:
+    """Tune into ``log`` unless it exists; returns (start time, time of its first measurement, trials). The
+    start is kept beside the log; a log given with --cold-log has none, and starts ``startup`` seconds before
+    its first measurement."""
     from ansor.bench.network import tune
     from ansor.log.records import load_records
     start_file = log.with_suffix(".start")
@@ -41,40 +40,25 @@ def tuned_log(onnx: Path, log: Path, minutes: float, cold: bool, startup: float 
         tune(onnx, log, minutes, 100_000, ["--no-pretrained"] if cold else [])
         start_file.write_text(json.dumps(start))
     records = load_records(log)
-    if start_file.exists():
-        start = float(json.loads(start_file.read_text()))
-    else:
-        start = min(r.result.timestamp for r in records) - startup
-    return start, len(records)
-
-
-def curve(extraction, log: Path, start: float, minutes: float, target, repeat: int, work: Path) -> list[tuple[float, float]]:
-    """(minutes, median ms) of the build of the records measured until each checkpoint."""
-    from ansor.bench.network import records_until
-    from ansor.networks import apply_history_best, build, time_network
-    points = []
-    for m in [c for c in CHECKPOINTS if c < minutes] + [minutes]:
-        partial = work / f"{log.stem}-{m:g}min.part.json"
-        if records_until(log, start + m * 60, partial) == 0:
-            continue
-        exe = build(apply_history_best(extraction.mod, extraction.tasks, partial, target=target), target)
-        time.sleep(1)
-        points.append((m, time_network(exe, extraction.network, target=target, repeat=repeat).median_ms))
-    return points
+    first = min(r.result.timestamp for r in records)
+    start = float(json.loads(start_file.read_text())) if start_file.exists() else first - startup
+    return start, first, len(records)
 
 
 def bench(onnx: Path, cold_log: Path | None, args: argparse.Namespace, target, work: Path) -> dict:
+    from ansor.bench.network import CHECKPOINTS, tuning_curve
     from ansor.networks import apply_history_best, build, extract, load_onnx, time_network
     name = onnx.stem
     warm_log = work / f"{name}-pretrained.json"
-    warm_start, warm_trials = tuned_log(onnx, warm_log, args.minutes, cold=False)
+    warm_start, warm_first, warm_trials = tuned_log(onnx, warm_log, args.minutes, cold=False)
     cold_log = cold_log or work / f"{name}-cold.json"
-    from ansor.log.records import load_records
-    startup = min(r.result.timestamp for r in load_records(warm_log)) - warm_start  # import, extraction, Ray
-    cold_start, cold_trials = tuned_log(onnx, cold_log, args.cold_minutes, cold=True, startup=startup)
+    startup = warm_first - warm_start  # import, extraction, Ray
+    cold_start, _, cold_trials = tuned_log(onnx, cold_log, args.cold_minutes, cold=True, startup=startup)
     extraction = extract(load_onnx(onnx), target)
-    warm_curve = curve(extraction, warm_log, warm_start, args.minutes, target, args.repeat, work)
-    cold_curve = curve(extraction, cold_log, cold_start, args.cold_minutes, target, args.repeat, work)
+    warm_curve = list(tuning_curve(extraction, warm_log, warm_start, args.minutes, CHECKPOINTS, target,
+                                   args.repeat, 1.0, work, f"{name}-pretrained-part"))
+    cold_curve = list(tuning_curve(extraction, cold_log, cold_start, args.cold_minutes, CHECKPOINTS, target,
+                                   args.repeat, 1.0, work, f"{name}-cold-part"))
     builds = [build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)
               for log in (warm_log, cold_log)]
     rounds = []
