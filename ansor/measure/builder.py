@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import ray
-import tvm
 from tvm.support import cc as tvm_cc
 
+from .. import codegen
 from ..task import program
 from ..errors import StepError, short_message
 from ..state.loop_state import State
@@ -72,7 +72,7 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap:
     except Exception as err:  # a bug in replay rather than a bad state: keep the trace
         return failed(ErrorNo.UNKNOWN_ERROR, error_text(err) + "\n" + traceback.format_exc(limit=5))
     try:
-        executable = tvm.compile(mod, target=task.target)
+        executable = codegen.compile(mod, task.target)
         with tempfile.TemporaryDirectory(prefix="ansor-build-") as tmp:
             path = os.path.join(tmp, "candidate.so")
             executable.export_library(path, **_link_options(task))

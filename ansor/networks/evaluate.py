@@ -19,6 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .. import codegen
 from ..errors import short_message
 from ..target import device_kind, parse_target
 from .schedules import apply_schedules
@@ -99,8 +100,8 @@ def build(mod: tvm.IRModule, target: TargetLike = None, fused: bool = True) -> t
     target = parse_target(target)
     try:
         if fused:
-            return tvm.compile(mod, target=target, relax_pipeline=lowering_pipeline(target))
-        return tvm.compile(mod, target=target)
+            return codegen.compile(mod, target, relax_pipeline=lowering_pipeline(target))
+        return codegen.compile(mod, target)
     except Exception as err:  # TVM reports codegen failures with the whole IR around them
         raise NetworkError(f"building the network failed: {short_message(err, None, pick='last')}") from None
 

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import numpy as np
 import tvm
 
+from .. import codegen
 from ..state.layout_rewrite import PackedLayout, pack_arguments, packed_layouts
 from ..state.loop_state import State
 from .search_task import SearchTask
@@ -43,13 +44,13 @@ def kernel(task: SearchTask, state: Optional[State],
 def build_program(task: SearchTask, state: Optional[State]) -> tvm.runtime.Module:
     """Compile ``state`` for the task's target; returns a runnable module (``mod["main"]``) that takes the
     original arguments."""
-    return tvm.compile(schedule(task, state), target=task.target).jit()
+    return codegen.compile(schedule(task, state), task.target).jit()
 
 
 def build_kernel(task: SearchTask, state: Optional[State]) -> tuple[tvm.runtime.Module, list[PackedLayout]]:
     """Compile :func:`kernel`: the program as measured (constant weights pre-packed)."""
     mod, layouts = kernel(task, state)
-    return tvm.compile(mod, target=task.target).jit(), layouts
+    return codegen.compile(mod, task.target).jit(), layouts
 
 
 def arg_specs(task: SearchTask) -> list[tuple[tuple[int, ...], str]]:

@@ -105,8 +105,7 @@ def _file_names(keys: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
 
 def export_record(rec, out: Path, name: str) -> dict:
     """Build ``rec``'s program, write its source files under ``out`` and return its index entry."""
-    import tvm
-
+    from ... import codegen
     from ...task.program import arg_specs
     from ...errors import AnsorError
     from ...target import device_kind
@@ -115,7 +114,7 @@ def export_record(rec, out: Path, name: str) -> dict:
     task = rec.task
     try:
         mod = task.compute_dag.replay(rec.steps).mod
-        executable = tvm.compile(mod, target=task.target)
+        executable = codegen.compile(mod, task.target)
     except AnsorError:
         raise
     except Exception as err:  # TVM raises several error types; the log was valid when measured
