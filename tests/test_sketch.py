@@ -241,6 +241,35 @@ def test_parallel_mutation_changes_the_parallel_loop_and_stays_valid(wkl):
     np.testing.assert_allclose(got[-1], want[-1], rtol=1e-4, atol=1e-4)
 
 
+def _parallel(state) -> bool:
+    return any(it.annotation == "parallel" for stage in state.stages for it in stage.iters)
+
+
+def test_small_programs_are_also_tried_serial_and_large_ones_never():
+    """Whether a tiny task gains from a second thread is measured, not assumed: its random programs and the
+    parallel mutation include serial ones, which build and compute the same; a large task's are all parallel."""
+    small = SearchTask.from_workload("matmul-8x8x512", TARGET)
+    rng = random.Random(3)
+    population = sample_initial_population(small, generate_sketches(small), 64, rng)
+    assert annotation.may_run_serial(population[0])
+    serial = [s for s in population if not _parallel(s)]
+    assert serial and len(serial) < len(population)
+    dropped = [c for c in (mutate_parallel(small, s, rng) for s in population if _parallel(s) for _ in range(4))
+               if c is not None and not _parallel(c)]
+    assert dropped
+    args = program.random_inputs(small, seed=4)
+    want = program.run_program(program.build_program(small, None), args)[-1]
+    for state in (serial[0], dropped[0]):
+        small.compute_dag.replay(state, verify=True)
+        np.testing.assert_allclose(program.run_program(program.build_program(small, state), args)[-1], want,
+                                   rtol=1e-4, atol=1e-4)
+    large = SearchTask.from_workload("matmul-512", TARGET)
+    states = sample_initial_population(large, generate_sketches(large), 32, rng)
+    assert not annotation.may_run_serial(states[0])
+    assert all(_parallel(s) for s in states)
+    assert all(_parallel(c) for c in (mutate_parallel(large, s, rng) for s in states) if c is not None)
+
+
 def test_evolution_finds_what_the_scorer_likes_and_skips_excluded():
     """A scorer that prefers a long innermost j tile: evolution must climb towards it."""
     task = SearchTask.from_workload("matmul-512", TARGET)

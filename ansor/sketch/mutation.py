@@ -19,7 +19,8 @@ from ..state.transform_steps import (
     AnnotationStep, ComputeAtStep, FuseStep, LayoutRewriteStep, PragmaStep, SplitStep, Step,
 )
 from ..task.search_task import SearchTask
-from .annotation import MAX_INNERMOST_FACTOR, compute_location_candidates, divisors, outer_parallel_loops
+from .annotation import (MAX_INNERMOST_FACTOR, compute_location_candidates, divisors, may_run_serial,
+                         outer_parallel_loops)
 from .rules import needs_multi_level_tiling
 
 Mutation = Callable[[SearchTask, State, random.Random], Optional[State]]
@@ -104,7 +105,8 @@ def mutate_parallel(task: SearchTask, state: State, rng: random.Random) -> Optio
     """Fuse more or fewer outer loops into a stage's parallel loop (Ansor's parallel mutation).
 
     Tile sizes set how long the outer loops are; this sets how many of them share the threads, e.g. only
-    the rows of blocks, or rows and columns. Later steps of the stage are renumbered to the new loops.
+    the rows of blocks, or rows and columns; a small program (``may_run_serial``) may also lose its
+    threads. Later steps of the stage are renumbered to the new loops.
     """
     steps = state.steps
     idx = [i for i, s in enumerate(steps)
@@ -123,12 +125,14 @@ def mutate_parallel(task: SearchTask, state: State, rng: random.Random) -> Optio
             break
         degrees.append(degrees[-1] * it.extent)
     options = [m for m in range(1, len(degrees)) if degrees[m] != degrees[k]] if k < len(degrees) else []
+    if may_run_serial(state):
+        options.append(0)
     if not options:
         return None
     new_k = rng.choice(options)
     fuse = [FuseStep(sid, tuple(range(new_k)))] if new_k > 1 else []
-    head = [*steps[:start], *fuse, AnnotationStep(sid, 0, "parallel")]
-    tail = [_shift_iters(s, sid, k - new_k) for s in steps[i + 1:]]
+    head = [*steps[:start], *fuse, *([AnnotationStep(sid, 0, "parallel")] if new_k else [])]
+    tail = [_shift_iters(s, sid, k - max(new_k, 1)) for s in steps[i + 1:]]
     if any(s is None for s in tail):
         return None
     try:
