@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 from ..errors import AnsorError, RecordError, StepError
 from ..state.loop_state import State
 from ..state.transform_steps import Step
-from ..state.transform_steps.split import SplitStep
+from ..state.transform_steps.split import SplitStep, divisors
 from ..target import shipped_file
 from ..task.search_task import SearchTask
 from .records import Record, load_records
@@ -74,9 +74,7 @@ def refit(task: SearchTask, steps: Sequence[Step]) -> State:
 def _fit_lengths(extent: int, lengths: Sequence[int]) -> tuple[int, ...]:
     left, fitted = extent, []
     for length in reversed(lengths):
-        small = [d for d in range(1, math.isqrt(left) + 1) if left % d == 0]
-        divisors = small + [left // d for d in small]
-        best = min(divisors, key=lambda d: (abs(math.log(d / length)), d))
+        best = min(divisors(left), key=lambda d: (abs(math.log(d / length)), d))
         fitted.append(best)
         left //= best
     return tuple(reversed(fitted))

@@ -19,6 +19,7 @@ from ..state.loop_nest import AttachKind
 from ..state.loop_state import Stage, State
 from ..task.search_task import SearchTask
 from ..state.transform_steps import SplitStep, consumers_beside
+from ..state.transform_steps.split import divisors
 from .rules import CPU_STRUCTURE, dag_stage, has_reduce_iter, is_output, is_rfactor_stage, needs_multi_level_tiling
 
 #: The innermost tile is at most this long (Ansor's default). Vectorized loops get up to 64 lanes, as in
@@ -72,12 +73,6 @@ def factorizations(extent: int, n: int, max_innermost: int = MAX_INNERMOST_FACTO
             if lengths[-1] <= max_innermost:
                 out.append(lengths)
     return tuple(out)
-
-
-@functools.lru_cache(maxsize=4096)
-def divisors(n: int) -> tuple[int, ...]:
-    """The divisors of ``n``, ascending."""
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def fill_tile_sizes(state: State, rng: random.Random, registers: Optional["RegisterFile"] = None) -> State:

@@ -98,12 +98,12 @@ def _timer(compute: Callable, data: np.ndarray, target) -> Callable[[], float]:
     from tvm import te
 
     from ansor.networks.default_schedule import default_state
+    from ansor.task.program import build_program
     from ansor.task.search_task import SearchTask
 
     a = te.placeholder(data.shape, "float32", name="A")
     task = SearchTask(te.create_prim_func([a, compute(a)]), target)
-    mod = task.compute_dag.replay(default_state(task)).mod
-    lib = tvm.compile(mod, target=target).jit()
+    lib = build_program(task, default_state(task))
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(data, dev), tvm.runtime.tensor(np.empty_like(data), dev)]
     timer = lib.time_evaluator("main", dev, number=10, repeat=1, min_repeat_ms=100)

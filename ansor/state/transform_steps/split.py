@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Optional, Sequence
@@ -13,6 +14,12 @@ from .base import P, CodeNames, Replay, Step, step_to_json
 
 if TYPE_CHECKING:
     from ..loop_state import State
+
+
+@functools.lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n``, ascending: the lengths a split of a loop of ``n`` iterations may take."""
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 class SplitLike(Step):
