@@ -24,6 +24,7 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from ..errors import AnsorError, short_message
 from ..task.search_task import SearchTask
 from ..target import device_kind, parse_target
+from .flatten import flatten_rows, is_reshape
 from .network import Network, NetworkError
 from .prepare import prepare
 
@@ -109,7 +110,7 @@ def fuse(mod: tvm.IRModule, target: Union[str, dict, tvm.target.Target, None] = 
             # sort, argsort and topk have no legalization: TVM's build dispatches them to TOPI first
             mod = relax.backend.DispatchSortScan()(mod)
             fused = relax.get_pipeline("zero")(mod)
-        return relax.transform.AttachAttrLayoutFreeBuffers()(fused)
+        return flatten_rows(relax.transform.AttachAttrLayoutFreeBuffers()(fused))
     except Exception as err:  # TVM reports unsupported operators with a long trace
         raise NetworkError(f"cannot legalize and fuse the network: {short_message(err, None, pick='last')}") from None
 
@@ -140,14 +141,6 @@ def standalone(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     export nothing. :func:`~ansor.networks.schedules.apply_schedules` drops the symbol again on the way back.
     """
     return func.with_attr("global_symbol", "main")
-
-
-def is_reshape(func: tvm.tirx.PrimFunc) -> bool:
-    """True for a pure reshape: left unscheduled, the Relax VM turns its call into a free view."""
-    try:
-        return bool(relax.analysis.has_reshape_pattern(func))
-    except Exception:  # the analysis gives up on unusual bodies; then it is not a reshape we can prove
-        return False
 
 
 def task_name(gv_name: str, func: tvm.tirx.PrimFunc, n_outputs: int, with_output: bool = False) -> str:

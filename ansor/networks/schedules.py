@@ -33,7 +33,8 @@ from ..task.search_task import SearchTask
 from ..target import device_kind, parse_target
 from ..state.transform_steps import Step
 from .default_schedule import copy_schedule, default_state, default_tir_schedule
-from .extract import NetworkTask, is_reshape, standalone
+from .extract import NetworkTask, standalone
+from .flatten import is_reshape
 from .network import NetworkError
 
 logger = logging.getLogger("ansor")
