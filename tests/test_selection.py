@@ -16,6 +16,7 @@ from ansor.log.measurement import ErrorNo, MeasureResult
 from ansor.log.records import RecordWriter, best_records, load_records
 from ansor.networks import apply_history_best, apply_schedules, build, default_state, extract, get_network
 from ansor.networks.selection import compare_builds, select_in_network
+from ansor.state.transform_steps import SplitStep
 from ansor.task.search_task import SearchTask
 from ansor.target import host_target
 
@@ -65,6 +66,19 @@ def test_a_slower_state_is_never_selected(tiny, tmp_path):
     selection = select_in_network(ex, [log], log, target, candidates=2)
     assert selection.changed == () and not selection.kept, selection
     assert best_records(load_records(log, selections=True))[conv.workload_key].steps == good
+
+
+def test_a_record_that_does_not_replay_is_skipped_with_a_warning(tiny, tmp_path, caplog):
+    """Its steps name a stage the task lacks: the selection warns and ranks the other records."""
+    ex, conv, target = tiny
+    naive, good = (), tuple(default_state(conv.task).steps)
+    bad = (SplitStep(len(conv.task.compute_dag.stages) + 5, 0, 4, (2,)),)
+    log = tmp_path / "foreign.json"
+    write(log, conv.task, [(bad, 0.5e-6, 99.0, False), (naive, 1e-6, 100.0, False), (good, 2e-6, 101.0, False)])
+    with caplog.at_level("WARNING", logger="ansor"):
+        selection = select_in_network(ex, [log], log, target, candidates=2)
+    assert "does not replay" in caplog.text
+    assert selection.variants == 2 and selection.changed == (conv.name,), selection
 
 
 def test_a_combination_slower_end_to_end_is_not_kept(tiny):

@@ -266,7 +266,7 @@ def replayed_state(task: SearchTask, steps: Sequence[Step]) -> State:
     Raises
     ------
     StepError
-        If the steps do not fit the program (and whatever TVM raises if it refuses the schedule).
+        If the steps do not fit the program, or TVM refuses one of them.
     """
     state = task.compute_dag.state_from_steps(steps)
     task.compute_dag.replay(state)

@@ -23,7 +23,7 @@ from typing import Optional, Sequence, Union
 
 import tvm
 
-from ..errors import AnsorError, StepError
+from ..errors import AnsorError
 from ..log.measurement import ErrorNo, MeasureResult
 from ..log.records import Record, RecordWriter, distinct_records, load_records
 from ..state.loop_state import State
@@ -186,7 +186,7 @@ def _ranked_states(tasks: Sequence[NetworkTask], records: Sequence[Record], cand
                 break
             try:
                 kept.append(_Candidate(rec, replayed_state(t.task, rec.steps)))
-            except (StepError, AnsorError, tvm.TVMError) as err:
+            except AnsorError as err:  # replay reports TVM's refusals as StepError, an AnsorError
                 logger.warning("%s: a measured state does not replay (%s); not a candidate", t.name, err)
         if kept:
             ranked[t.workload_key] = kept
