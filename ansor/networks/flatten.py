@@ -67,10 +67,13 @@ def flatten_func(func: tirx.PrimFunc) -> Optional[tirx.PrimFunc]:
         if func.attrs is not None and "layout_free_buffers" in func.attrs else []
     args = ArgInfo.from_prim_func(func)
     out_shape = [int(d) for d in args[-1].shape]
-    before = _div_mod_count(func)
+    before = None  # printing the function is the costly part: only once a merge applies
     for lead in range(len(out_shape) - 1, 1, -1):
         merged = _merge(func, out_shape[:lead])
-        if merged is None or _div_mod_count(merged) > before:
+        if merged is None:
+            continue
+        before = _div_mod_count(func) if before is None else before
+        if _div_mod_count(merged) > before:
             continue
         new_args = ArgInfo.from_prim_func(merged)
         if all(list(args[i].shape) == list(new_args[i].shape) for i in layout_free):
