@@ -39,7 +39,7 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.ir.expr import Expr as PrimExpr  # TVM 0.27 has one Expr class for TIR and Relax
 
-from ..task.workloads import softmax_stages
+from ..task.te_ops import softmax_stages
 
 logger = logging.getLogger("ansor")
 

@@ -17,6 +17,7 @@ before, as 3-D and 4-D loop nests.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Optional, Sequence
 
@@ -24,10 +25,9 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
+from .calls import replace_prim_funcs
+
 logger = logging.getLogger("ansor")
-
-_CALL_TIR = "relax.call_tir"
-
 
 def flatten_rows(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` (fused) with each row-wise PrimFunc of rank > 2 rewritten over one merged leading
@@ -41,18 +41,9 @@ def flatten_rows(mod: tvm.IRModule) -> tvm.IRModule:
                 flat[gv.name_hint] = merged
                 shapes[gv.name_hint] = ([[int(d) for d in a.shape] for a in ArgInfo.from_prim_func(func)],
                                         [[int(d) for d in a.shape] for a in ArgInfo.from_prim_func(merged)])
-    if not flat:
-        return mod
-    for name in flat:  # a global variable keeps the type it was created with: the new function gets a new one
-        del mod[name]
-    builder = relax.BlockBuilder(mod)
-    calls = {name: (builder.add_func(func, name), *shapes[name]) for name, func in flat.items()}
-    mutator = _ReshapeCalls(builder.get(), calls)
-    for gv, func in list(builder.get().functions_items()):
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    logger.info("flattened the leading dimensions of %d PrimFuncs", len(flat))
-    return mutator.builder_.get()
+    if flat:
+        logger.info("flattened the leading dimensions of %d PrimFuncs", len(flat))
+    return replace_prim_funcs(mod, flat, lambda name: functools.partial(_reshaped_call, *shapes[name]))
 
 
 def flatten_func(func: tirx.PrimFunc) -> Optional[tirx.PrimFunc]:
@@ -147,22 +138,10 @@ def _outputs(func: tirx.PrimFunc) -> set:
     return {region.source for block in blocks for region in block.writes} - set(root.alloc_buffers)
 
 
-@relax.expr_functor.mutator
-class _ReshapeCalls(relax.PyExprMutator):
-    """Each ``call_tir`` of a flattened PrimFunc calls its new global variable on views of its arguments
-    in the flattened shapes, and gives its result back as a view in the original shape."""
-
-    def __init__(self, mod: tvm.IRModule, calls: dict[str, tuple[tvm.ir.GlobalVar, list, list]]):
-        super().__init__(mod)
-        self.calls = calls
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        name = call.args[0].name_hint if getattr(call.op, "name", "") == _CALL_TIR else None
-        if name not in self.calls or len(call.args) != 2:
-            return call
-        gv, old, new = self.calls[name]
-        args = [x if o == n else self.builder_.emit(relax.op.reshape(x, n))
-                for x, o, n in zip(call.args[1].fields, old, new)]
-        flat = self.builder_.emit(relax.op.call_tir(gv, relax.Tuple(args), relax.TensorType(new[-1], call.ty.dtype)))
-        return relax.op.reshape(flat, old[-1])
+def _reshaped_call(old: list, new: list, builder: relax.BlockBuilder, call: relax.Call,
+                   gv: tvm.ir.GlobalVar) -> relax.Expr:
+    """The flattened function called on views of the arguments in its shapes ``new``, its result given
+    back as a view in the original shape (``old``)."""
+    args = [x if o == n else builder.emit(relax.op.reshape(x, n)) for x, o, n in zip(call.args[1].fields, old, new)]
+    flat = builder.emit(relax.op.call_tir(gv, relax.Tuple(args), relax.TensorType(new[-1], call.ty.dtype)))
+    return relax.op.reshape(flat, old[-1])

@@ -31,6 +31,7 @@ import tvm_ffi
 from tvm import relax, te, topi
 
 from ..errors import short_message
+from .calls import called_prim_func
 from .fast_math import use_fast_math
 from .network import Network, NetworkError
 from .winograd import bound_constant, winograd_convs
@@ -133,10 +134,11 @@ class _ClampsAsOperators(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if getattr(call.op, "name", "") != "relax.call_tir" or not isinstance(call.args[1], relax.Tuple):
+        name = called_prim_func(call)
+        if name is None:
             return call
         gv, args = call.args[0], list(call.args[1].fields)
-        clamp = _CLAMPS.get(gv.name_hint.rstrip("0123456789"))
+        clamp = _CLAMPS.get(name.rstrip("0123456789"))
         if clamp is None or len(args) != 2:
             return call
         bound = self.lookup_binding(args[1]) if isinstance(args[1], relax.Var) else args[1]

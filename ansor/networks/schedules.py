@@ -15,6 +15,7 @@ packing block and packs at every call.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from ..task.search_task import SearchTask
 from ..target import device_kind, parse_target
 from ..state.transform_steps import Step
 from .default_schedule import copy_schedule, default_state, default_tir_schedule
+from .calls import called_prim_func, replace_prim_funcs
 from .extract import NetworkTask, standalone
 from .flatten import is_reshape
 from .network import NetworkError
@@ -151,7 +153,8 @@ def apply_schedules(mod: tvm.IRModule, tasks: Sequence[NetworkTask], schedules: 
             _place(out, mod, name, scheduled, calls, packing)
     if default:
         out = _default_rest(out, target, calls, packing)
-    out = _pack_constant_arguments(out, packing)
+    out = replace_prim_funcs(out, {name: p.kernel for name, p in packing.items()},
+                             lambda name: functools.partial(_packed_call, packing[name]))
     logger.info("apply_schedules: %d of %d tasks tuned, the rest %s; %d PrimFuncs read weights packed at build time",
                 n_tuned, len(tasks), "default-scheduled" if default else "unscheduled", len(packing))
     return out
@@ -168,7 +171,7 @@ class _Packed:
 def _place(out: tvm.IRModule, mod: tvm.IRModule, name: str, scheduled: ScheduledFunc,
            calls: dict[str, list[list]], packing: dict[str, _Packed]) -> None:
     """Put a scheduled PrimFunc in place of ``name``; when every call passes the arguments it reads packed
-    as constants, also note its kernel form, which :func:`_pack_constant_arguments` swaps in."""
+    as constants, also note its kernel form, which :func:`apply_schedules` swaps in with its constants packed."""
     gv = out.get_global_var(name)
     out[gv] = _with_attrs_of(mod[gv], scheduled.func)
     sites = calls.get(name, [])
@@ -182,9 +185,9 @@ def _call_sites(mod: tvm.IRModule) -> dict[str, list[list]]:
     sites: dict[str, list[list]] = {}
 
     def visit(expr) -> None:
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == "relax.call_tir" \
-                and isinstance(expr.args[1], relax.Tuple):
-            sites.setdefault(expr.args[0].name_hint, []).append(list(expr.args[1].fields))
+        name = called_prim_func(expr) if isinstance(expr, relax.Call) else None
+        if name is not None:
+            sites.setdefault(name, []).append(list(expr.args[1].fields))
 
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):
@@ -192,42 +195,13 @@ def _call_sites(mod: tvm.IRModule) -> dict[str, list[list]]:
     return sites
 
 
-@relax.expr_functor.mutator
-class _PackArguments(relax.PyExprMutator):
-    """Each ``call_tir`` of a PrimFunc in ``kernels`` calls the new global variable on constants packed with
-    numpy (the variable of a function keeps the type it was created with, so the kernel gets a new one)."""
-
-    def __init__(self, mod: tvm.IRModule, kernels: dict[str, tuple[tvm.ir.GlobalVar, _Packed]]):
-        super().__init__(mod)
-        self._kernels = kernels
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        name = call.args[0].name_hint if getattr(call.op, "name", "") == "relax.call_tir" else None
-        if name not in self._kernels:
-            return call
-        gv, packed = self._kernels[name]
-        args = list(call.args[1].fields)
-        for layout in packed.layouts:
-            value = layout.pack(args[layout.index].value.numpy())
-            args[layout.index] = relax.const(value, str(value.dtype))
-        return relax.Call(call.op, [gv, relax.Tuple(args)], call.attrs, call.ty_args)
-
-
-def _pack_constant_arguments(mod: tvm.IRModule, packing: dict[str, _Packed]) -> tvm.IRModule:
-    """Replace each PrimFunc noted in ``packing`` by its kernel form (same name) and pack the constants its
-    calls pass, once, here."""
-    if not packing:
-        return mod
-    for name in packing:
-        del mod[name]
-    builder = relax.BlockBuilder(mod)
-    kernels = {name: (builder.add_func(packed.kernel, name), packed) for name, packed in packing.items()}
-    mutator = _PackArguments(builder.get(), kernels)
-    for gv, func in list(builder.get().functions_items()):
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return mutator.builder_.get()
+def _packed_call(packed: _Packed, builder: relax.BlockBuilder, call: relax.Call, gv: tvm.ir.GlobalVar) -> relax.Expr:
+    """The kernel form called on the constants packed with numpy, once, here."""
+    args = list(call.args[1].fields)
+    for layout in packed.layouts:
+        value = layout.pack(args[layout.index].value.numpy())
+        args[layout.index] = relax.const(value, str(value.dtype))
+    return relax.Call(call.op, [gv, relax.Tuple(args)], call.attrs, call.ty_args)
 
 
 def _check_member(mod: tvm.IRModule, name: str, t: NetworkTask) -> None:

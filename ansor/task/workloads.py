@@ -52,13 +52,14 @@ from tvm import te
 
 from ansor.errors import WorkloadError
 
+from .te_ops import channel_op, conv_stage, out_size, pad_stage, relu_stage, softmax_stages
+
 logger = logging.getLogger("ansor")
 
 MakeFn = Callable[[], list[te.Tensor]]
 ReferenceFn = Callable[[list[np.ndarray]], list[np.ndarray]]
 
 DTYPE = "float32"
-_SPATIAL_NAMES = {1: ("l",), 2: ("h", "w"), 3: ("d", "h", "w")}
 _NHWC = ("n", "h", "w", "c")
 
 
@@ -84,101 +85,6 @@ class Workload:
         return te.create_prim_func(self.tensors())
 
 
-# TE building blocks
-
-
-def _out_size(size: int, kernel: int, stride: int, pad: int, dilation: int = 1) -> int:
-    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
-
-
-def _pad(
-    data: te.Tensor, before: Sequence[int], after: Sequence[int], names: Sequence[str],
-    value: float = 0.0, interior: Sequence[int] | None = None,
-) -> te.Tensor:
-    """Padding as its own stage named "pad".
-
-    ``interior[d] = s`` spreads the elements ``s`` apart (``s - 1`` fill values between neighbours),
-    which turns a transposed convolution into an ordinary one.
-    """
-    interior = interior or [1] * len(before)
-    extents = [int(n) for n in data.shape]
-    shape = [b + (n - 1) * s + 1 + a for n, b, a, s in zip(extents, before, after, interior)]
-
-    def fcompute(*idx):
-        conds, src = [], []
-        for i, n, b, a, s in zip(idx, extents, before, after, interior):
-            if b == 0 and a == 0 and s == 1:
-                src.append(i)
-                continue
-            off = i - b
-            conds.append(off >= 0)
-            if s > 1:
-                conds.append(tvm.tirx.indexmod(off, s) == 0)
-                off = tvm.tirx.indexdiv(off, s)
-            conds.append(off < n)
-            src.append(off)
-        if not conds:
-            return data(*src)
-        fill = tvm.tirx.const(value, data.dtype)
-        return tvm.tirx.if_then_else(tvm.tirx.all(*conds), data(*src), fill)
-
-    return te.compute(shape, fcompute, name="pad", varargs_names=list(names))
-
-
-def _conv(data: te.Tensor, kernel: te.Tensor, stride: int, pad: int, dilation: int = 1, groups: int = 1):
-    """N-d grouped, dilated convolution: data (N, *spatial, CI), kernel (*window, CI/groups, CO)."""
-    nd = len(data.shape) - 2
-    spatial = _SPATIAL_NAMES[nd]
-    window = [int(k) for k in kernel.shape[:nd]]
-    ci, co = int(data.shape[-1]), int(kernel.shape[-1])
-    ci_group, co_group = ci // groups, co // groups
-    out = [_out_size(int(n), k, stride, pad, dilation) for n, k in zip(data.shape[1:-1], window)]
-    src = data
-    if pad:
-        src = _pad(data, [0, *[pad] * nd, 0], [0, *[pad] * nd, 0], ("n", *spatial, "c"))
-    r_win = [te.reduce_axis((0, k), name="r" + s) for k, s in zip(window, spatial)]
-    rc = te.reduce_axis((0, ci_group), name="rc")
-
-    def fcompute(n, *rest):
-        *pos, oc = rest
-        channel = rc if groups == 1 else oc // co_group * ci_group + rc
-        taps = [p * stride + r * dilation for p, r in zip(pos, r_win)]
-        return te.sum(src(n, *taps, channel) * kernel(*r_win, rc, oc), axis=[*r_win, rc])
-
-    shape = (int(data.shape[0]), *out, co)
-    return te.compute(shape, fcompute, name="conv", varargs_names=[*spatial, "co"])
-
-
-def _channel_op(x: te.Tensor, vec: te.Tensor, op: Callable, name: str) -> te.Tensor:
-    """Per-output-channel elementwise stage on an NHWC tensor (bias add, batch-norm scale/shift)."""
-    return te.compute(x.shape, lambda n, h, w, c: op(x[n, h, w, c], vec[c]), name=name)
-
-
-def _relu(x: te.Tensor, names: Sequence[str], name: str = "relu") -> te.Tensor:
-    zero = tvm.tirx.const(0.0, x.dtype)
-    return te.compute(x.shape, lambda *i: te.max(x(*i), zero), name=name, varargs_names=list(names))
-
-
-def softmax_stages(x: te.Tensor, names: Sequence[str], exp: Callable = te.exp) -> te.Tensor:
-    """Softmax over the last axis, staged the way TOPI writes it (max, exp, sum, normalise); ``exp`` maps
-    a PrimExpr to its exponential (networks pass a vectorizable one)."""
-    outer, n = list(names[:-1]), x.shape[-1]
-    k1 = te.reduce_axis((0, n), name="k")
-    maxelem = te.compute(
-        x.shape[:-1], lambda *i: te.max(x(*i, k1), axis=k1), name="T_softmax_maxelem", varargs_names=outer
-    )
-    exps = te.compute(
-        x.shape, lambda *i: exp(x(*i) - maxelem(*i[:-1])), name="T_softmax_exp", varargs_names=list(names)
-    )
-    k2 = te.reduce_axis((0, n), name="k")
-    expsum = te.compute(
-        x.shape[:-1], lambda *i: te.sum(exps(*i, k2), axis=k2), name="T_softmax_expsum", varargs_names=outer
-    )
-    return te.compute(
-        x.shape, lambda *i: exps(*i) / expsum(*i[:-1]), name="T_softmax_norm", varargs_names=list(names)
-    )
-
-
 # numpy references (float64 inside, float32 out: the reference should be the more accurate side)
 
 
@@ -192,7 +98,7 @@ def _conv_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dilation: int
     nd = x.ndim - 2
     window, batch = w.shape[:nd], x.shape[0]
     ci_group, co = w.shape[-2], w.shape[-1]
-    out = [_out_size(n, k, stride, pad, dilation) for n, k in zip(x.shape[1:-1], window)]
+    out = [out_size(n, k, stride, pad, dilation) for n, k in zip(x.shape[1:-1], window)]
     xp = np.pad(x, [(0, 0), *[(pad, pad)] * nd, (0, 0)])
     w = w.reshape(*window, ci_group, groups, co // groups)
     acc = np.zeros((batch, *out, groups, co // groups))
@@ -222,7 +128,7 @@ def _matmul_workload(name: str, m: int, n: int, k: int, relu: bool = False) -> W
         B = te.placeholder((k, n), DTYPE, name="B")
         r = te.reduce_axis((0, k), name="k")
         C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
-        return [A, B, _relu(C, ("i", "j"), name="D") if relu else C]
+        return [A, B, relu_stage(C, ("i", "j"), name="D") if relu else C]
 
     def reference(ins):
         a, b = _f64(ins)
@@ -270,17 +176,17 @@ def _conv_workload(
     def make():
         data = te.placeholder((batch, *spatial, ci), DTYPE, name="data")
         weight = te.placeholder((*[kernel] * nd, ci // groups, co), DTYPE, name="kernel")
-        out = _conv(data, weight, stride, pad, dilation, groups)
+        out = conv_stage(data, weight, stride, pad, dilation, groups)
         if not epilogue:
             return [data, weight, out]
         bias = te.placeholder((co,), DTYPE, name="bias")
-        out = _channel_op(out, bias, lambda v, b: v + b, "bias_add")
+        out = channel_op(out, bias, lambda v, b: v + b, "bias_add")
         extra = []
         if epilogue == "bn-relu":
             extra = [te.placeholder((co,), DTYPE, name=n) for n in ("bn_scale", "bn_offset")]
-            out = _channel_op(out, extra[0], lambda v, s: v * s, "bn_mul")
-            out = _channel_op(out, extra[1], lambda v, o: v + o, "bn_add")
-        return [data, weight, bias, *extra, _relu(out, _NHWC)]
+            out = channel_op(out, extra[0], lambda v, s: v * s, "bn_mul")
+            out = channel_op(out, extra[1], lambda v, o: v + o, "bn_add")
+        return [data, weight, bias, *extra, relu_stage(out, _NHWC)]
 
     def reference(ins):
         out = _conv_ref(ins[0], ins[1], stride, pad, dilation, groups)
@@ -307,10 +213,10 @@ def _depthwise_workload(
     def make():
         data = te.placeholder((batch, size, size, channels), DTYPE, name="data")
         weight = te.placeholder((kernel, kernel, channels), DTYPE, name="kernel")
-        src = _pad(data, [0, pad, pad, 0], [0, pad, pad, 0], _NHWC) if pad else data
+        src = pad_stage(data, [0, pad, pad, 0], [0, pad, pad, 0], _NHWC) if pad else data
         rh = te.reduce_axis((0, kernel), name="rh")
         rw = te.reduce_axis((0, kernel), name="rw")
-        out = _out_size(size, kernel, stride, pad)
+        out = out_size(size, kernel, stride, pad)
         conv = te.compute(
             (batch, out, out, channels),
             lambda n, h, w, c: te.sum(
@@ -344,7 +250,7 @@ def _conv2d_transpose_workload(
         data = te.placeholder((batch, size, size, ci), DTYPE, name="data")
         weight = te.placeholder((kernel, kernel, ci, co), DTYPE, name="kernel")
         spread = [0, border, border, 0]
-        src = _pad(data, spread, spread, _NHWC, interior=[1, stride, stride, 1])
+        src = pad_stage(data, spread, spread, _NHWC, interior=[1, stride, stride, 1])
         rh = te.reduce_axis((0, kernel), name="rh")
         rw = te.reduce_axis((0, kernel), name="rw")
         rc = te.reduce_axis((0, ci), name="rc")
@@ -376,13 +282,13 @@ def _capsule_workload(
     name: str, batch: int, size: int, ci: int, co: int, kernel: int, stride: int, pad: int, cap: int
 ) -> Workload:
     """Capsule conv2d (matrix capsules, Hinton et al. 2018): each pixel holds cap x cap pose matrices."""
-    out = _out_size(size, kernel, stride, pad)
+    out = out_size(size, kernel, stride, pad)
 
     def make():
         data = te.placeholder((batch, size, size, cap, cap, ci), DTYPE, name="data")
         weight = te.placeholder((kernel, kernel, cap, cap, ci, co), DTYPE, name="kernel")
         names = ("n", "h", "w", "cap_i", "cap_j", "c")
-        src = _pad(data, [0, pad, pad, 0, 0, 0], [0, pad, pad, 0, 0, 0], names) if pad else data
+        src = pad_stage(data, [0, pad, pad, 0, 0, 0], [0, pad, pad, 0, 0, 0], names) if pad else data
         rh = te.reduce_axis((0, kernel), name="rh")
         rw = te.reduce_axis((0, kernel), name="rw")
         rk = te.reduce_axis((0, cap), name="cap_k")
@@ -432,12 +338,12 @@ def _norm_workload(name: str, batch: int, m: int, n: int) -> Workload:
 def _max_pool_workload(
     name: str, batch: int, size: int, channels: int, kernel: int, stride: int, pad: int
 ) -> Workload:
-    out = _out_size(size, kernel, stride, pad)
+    out = out_size(size, kernel, stride, pad)
     lowest = float(np.finfo(np.float32).min)
 
     def make():
         data = te.placeholder((batch, size, size, channels), DTYPE, name="data")
-        src = _pad(data, [0, pad, pad, 0], [0, pad, pad, 0], _NHWC, value=lowest) if pad else data
+        src = pad_stage(data, [0, pad, pad, 0], [0, pad, pad, 0], _NHWC, value=lowest) if pad else data
         rh = te.reduce_axis((0, kernel), name="rh")
         rw = te.reduce_axis((0, kernel), name="rw")
         pool = te.compute(
@@ -499,10 +405,10 @@ def _resnet50_conv_layers() -> list[tuple[int, int, int, int, int, int, int]]:
         shape = (size, size, ci, co, kernel, stride, kernel // 2)
         if shape not in layers:
             layers.append(shape)
-        return _out_size(size, kernel, stride, kernel // 2)
+        return out_size(size, kernel, stride, kernel // 2)
 
     size = add(224, 3, 64, 7, 2)
-    size = _out_size(size, 3, 2, 1)  # 3x3 stride-2 max pool
+    size = out_size(size, 3, 2, 1)  # 3x3 stride-2 max pool
     ci = 64
     for width, blocks, first_stride in zip((64, 128, 256, 512), (3, 4, 6, 3), (1, 2, 2, 2)):
         for block in range(blocks):

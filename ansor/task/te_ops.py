@@ -1,0 +1,106 @@
+"""TE building blocks of the built-in workloads, each a stage named as a network's would be: zero padding
+is its own stage ``pad``, a convolution is ``conv``, softmax has TOPI's four stages (which the networks'
+fast math reuses), so sketch rules see the producer/consumer structure of a real network.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import tvm
+from tvm import te
+
+#: The names of the spatial axes of 1-d, 2-d and 3-d convolutions, outermost first.
+SPATIAL_NAMES = {1: ("l",), 2: ("h", "w"), 3: ("d", "h", "w")}
+
+
+def out_size(size: int, kernel: int, stride: int, pad: int, dilation: int = 1) -> int:
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def pad_stage(
+    data: te.Tensor, before: Sequence[int], after: Sequence[int], names: Sequence[str],
+    value: float = 0.0, interior: Sequence[int] | None = None,
+) -> te.Tensor:
+    """Padding as its own stage named "pad".
+
+    ``interior[d] = s`` spreads the elements ``s`` apart (``s - 1`` fill values between neighbours),
+    which turns a transposed convolution into an ordinary one.
+    """
+    interior = interior or [1] * len(before)
+    extents = [int(n) for n in data.shape]
+    shape = [b + (n - 1) * s + 1 + a for n, b, a, s in zip(extents, before, after, interior)]
+
+    def fcompute(*idx):
+        conds, src = [], []
+        for i, n, b, a, s in zip(idx, extents, before, after, interior):
+            if b == 0 and a == 0 and s == 1:
+                src.append(i)
+                continue
+            off = i - b
+            conds.append(off >= 0)
+            if s > 1:
+                conds.append(tvm.tirx.indexmod(off, s) == 0)
+                off = tvm.tirx.indexdiv(off, s)
+            conds.append(off < n)
+            src.append(off)
+        if not conds:
+            return data(*src)
+        fill = tvm.tirx.const(value, data.dtype)
+        return tvm.tirx.if_then_else(tvm.tirx.all(*conds), data(*src), fill)
+
+    return te.compute(shape, fcompute, name="pad", varargs_names=list(names))
+
+
+def conv_stage(data: te.Tensor, kernel: te.Tensor, stride: int, pad: int, dilation: int = 1, groups: int = 1):
+    """N-d grouped, dilated convolution: data (N, *spatial, CI), kernel (*window, CI/groups, CO)."""
+    nd = len(data.shape) - 2
+    spatial = SPATIAL_NAMES[nd]
+    window = [int(k) for k in kernel.shape[:nd]]
+    ci, co = int(data.shape[-1]), int(kernel.shape[-1])
+    ci_group, co_group = ci // groups, co // groups
+    out = [out_size(int(n), k, stride, pad, dilation) for n, k in zip(data.shape[1:-1], window)]
+    src = data
+    if pad:
+        src = pad_stage(data, [0, *[pad] * nd, 0], [0, *[pad] * nd, 0], ("n", *spatial, "c"))
+    r_win = [te.reduce_axis((0, k), name="r" + s) for k, s in zip(window, spatial)]
+    rc = te.reduce_axis((0, ci_group), name="rc")
+
+    def fcompute(n, *rest):
+        *pos, oc = rest
+        channel = rc if groups == 1 else oc // co_group * ci_group + rc
+        taps = [p * stride + r * dilation for p, r in zip(pos, r_win)]
+        return te.sum(src(n, *taps, channel) * kernel(*r_win, rc, oc), axis=[*r_win, rc])
+
+    shape = (int(data.shape[0]), *out, co)
+    return te.compute(shape, fcompute, name="conv", varargs_names=[*spatial, "co"])
+
+
+def channel_op(x: te.Tensor, vec: te.Tensor, op: Callable, name: str) -> te.Tensor:
+    """Per-output-channel elementwise stage on an NHWC tensor (bias add, batch-norm scale/shift)."""
+    return te.compute(x.shape, lambda n, h, w, c: op(x[n, h, w, c], vec[c]), name=name)
+
+
+def relu_stage(x: te.Tensor, names: Sequence[str], name: str = "relu") -> te.Tensor:
+    zero = tvm.tirx.const(0.0, x.dtype)
+    return te.compute(x.shape, lambda *i: te.max(x(*i), zero), name=name, varargs_names=list(names))
+
+
+def softmax_stages(x: te.Tensor, names: Sequence[str], exp: Callable = te.exp) -> te.Tensor:
+    """Softmax over the last axis, staged the way TOPI writes it (max, exp, sum, normalise); ``exp`` maps
+    a PrimExpr to its exponential (networks pass a vectorizable one)."""
+    outer, n = list(names[:-1]), x.shape[-1]
+    k1 = te.reduce_axis((0, n), name="k")
+    maxelem = te.compute(
+        x.shape[:-1], lambda *i: te.max(x(*i, k1), axis=k1), name="T_softmax_maxelem", varargs_names=outer
+    )
+    exps = te.compute(
+        x.shape, lambda *i: exp(x(*i) - maxelem(*i[:-1])), name="T_softmax_exp", varargs_names=list(names)
+    )
+    k2 = te.reduce_axis((0, n), name="k")
+    expsum = te.compute(
+        x.shape[:-1], lambda *i: te.sum(exps(*i, k2), axis=k2), name="T_softmax_expsum", varargs_names=outer
+    )
+    return te.compute(
+        x.shape, lambda *i: exps(*i) / expsum(*i[:-1]), name="T_softmax_norm", varargs_names=list(names)
+    )
