@@ -8,17 +8,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tvm import te
 
 import ansor
 import ansor.target
 from ansor.cost_model import XGBModel, load_model
 from ansor.cost_model.pretrained import pretrain, pretrained_model
 from ansor.cost_model.training import evaluate, to_measure_pairs
+from ansor.errors import StepError
 from ansor.log.measurement import ErrorNo, MeasureInput, MeasureResult
 from ansor.log.records import RecordWriter, load_records
 from ansor.log.seeds import ScheduleDatabase, refit, seed_states, signature
 from ansor.sketch.search_space import space_of
+from ansor.state.transform_steps.layout import LayoutRewriteStep
 from ansor.state.transform_steps.split import SplitStep
+from ansor.task.workloads import register_workload
 from ansor.target import parse_target, shipped_file
 from ansor.tuning import TuningOptions, make_cost_model
 
@@ -97,6 +101,28 @@ def test_refit_fits_the_splits_of_another_size():
     splits = [s for s in state.steps if isinstance(s, SplitStep)]
     assert [(s.extent, s.lengths) for s in splits] == [(96, (16,)), (96, (32,))]
     assert space_of(large.target).check(large, state) is None  # TVM replays it
+
+
+def test_refit_names_the_argument_another_model_reads_at_the_same_place():
+    """A record's layout rewrite names the argument of the model it was tuned on; another model's task
+    of the same operator reads it under another name (BERT's ``B``, ViT's ``permute_dims``)."""
+    def make():
+        x = te.placeholder((96, 64), "float32", name="X")
+        w = te.placeholder((64, 96), "float32", name="W")
+        r = te.reduce_axis((0, 64), name="k")
+        return [x, w, te.compute((96, 96), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="C")]
+
+    register_workload("matmul-xw-refit", make, lambda ins: [ins[0] @ ins[1]])
+    small = ansor.SearchTask.from_workload("matmul-64", AVX2)
+    other = ansor.SearchTask.from_workload("matmul-xw-refit", AVX2)
+    assert signature(small) == signature(other)
+    recorded = tiled(small, 16, 32)
+    recorded.layout_rewrite(0, "B")
+    with pytest.raises(StepError, match="'B'"):
+        refit(other, recorded.steps)  # without the source task: the name does not exist in `other`
+    state = refit(other, recorded.steps, small)
+    assert state.steps[-1] == LayoutRewriteStep(0, "W")
+    assert space_of(other.target).check(other, state) is None  # TVM replays it, packing W
 
 
 def test_seeds_come_from_the_workload_else_from_the_same_operator_at_another_size(data_dir):

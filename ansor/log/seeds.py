@@ -27,7 +27,9 @@ from typing import Optional, Sequence
 from ..errors import AnsorError, RecordError, StepError
 from ..state.loop_state import State
 from ..state.transform_steps import Step
+from ..state.transform_steps.layout import LayoutRewriteStep
 from ..state.transform_steps.split import SplitStep, divisors
+from ..state.transform_steps.stages import CacheReadStep
 from ..target import shipped_file
 from ..task.search_task import SearchTask
 from .records import Record, load_records
@@ -55,20 +57,39 @@ def signature(task: SearchTask) -> str:
     return "|".join(parts)
 
 
-def refit(task: SearchTask, steps: Sequence[Step]) -> State:
+def refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask] = None) -> State:
     """``steps`` applied to ``task``, each split's lengths re-fitted to the loop it now splits: from the
     innermost part out, the divisor of what is left of the extent nearest the recorded length.
+
+    ``source`` is the task the steps were recorded on. A step that names an argument (a layout rewrite, a
+    cache read) then names the one ``task``'s stage reads at the same place: models name their arguments
+    differently (BERT's attention product reads ``B`` where ViT's reads ``permute_dims``).
 
     Raises :class:`~ansor.errors.StepError` when a step does not fit ``task``.
     """
     state = task.compute_dag.init_state()
+    origin = source.compute_dag.init_state() if source is not None else None
     for step in steps:
+        fitted = step
         if isinstance(step, SplitStep) and None not in step.lengths:
             extent = state.checked_iter(step.stage_id, step.iter_id).extent
             if extent is not None and extent != step.extent:
-                step = replace(step, extent=extent, lengths=_fit_lengths(extent, step.lengths))
-        state.apply(step)
+                fitted = replace(step, extent=extent, lengths=_fit_lengths(extent, step.lengths))
+        elif origin is not None and isinstance(step, (LayoutRewriteStep, CacheReadStep)):
+            fitted = replace(step, buffer=_same_read(origin, state, step.stage_id, step.buffer))
+        if origin is not None:
+            origin.apply(step)
+        state.apply(fitted)
     return state
+
+
+def _same_read(origin: State, state: State, stage_id: int, buffer: str) -> str:
+    """The buffer stage ``stage_id`` of ``state`` reads where the same stage of ``origin`` reads ``buffer``."""
+    recorded = origin.checked_stage(stage_id).block.read_buffers()
+    reads = state.checked_stage(stage_id).block.read_buffers()
+    if buffer in recorded and recorded.index(buffer) < len(reads):
+        return reads[recorded.index(buffer)]
+    return buffer
 
 
 def _fit_lengths(extent: int, lengths: Sequence[int]) -> tuple[int, ...]:
@@ -135,7 +156,7 @@ class ScheduleDatabase:
         seen: set = set()
         for rec in candidates:
             try:
-                state = refit(task, rec.steps)
+                state = refit(task, rec.steps, rec.task)
             except StepError:
                 continue
             if state.key() not in seen:
