@@ -29,6 +29,7 @@ from .calls import replace_prim_funcs
 
 logger = logging.getLogger("ansor")
 
+
 def flatten_rows(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` (fused) with each row-wise PrimFunc of rank > 2 rewritten over one merged leading
     dimension and its calls reshaped around it; every other function unchanged."""

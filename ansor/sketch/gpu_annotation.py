@@ -25,7 +25,8 @@ from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
 from ..task.search_task import SearchTask
 from ..state.transform_steps import SplitStep, Step
-from .annotation import divisors, annotate_unroll, factorizations, outer_parallel_loops
+from ..state.transform_steps.split import divisors
+from .annotation import annotate_unroll, factorizations, outer_parallel_loops
 from .gpu_rules import has_cross_thread_reduction
 
 #: Ansor's GPU auto-unroll limits.

@@ -18,9 +18,9 @@ from ..state.loop_state import State
 from ..state.transform_steps import (
     AnnotationStep, ComputeAtStep, FuseStep, LayoutRewriteStep, PragmaStep, SplitStep, Step,
 )
+from ..state.transform_steps.split import divisors
 from ..task.search_task import SearchTask
-from .annotation import (MAX_INNERMOST_FACTOR, compute_location_candidates, divisors, may_run_serial,
-                         outer_parallel_loops)
+from .annotation import MAX_INNERMOST_FACTOR, compute_location_candidates, may_run_serial, outer_parallel_loops
 from .rules import needs_multi_level_tiling
 
 Mutation = Callable[[SearchTask, State, random.Random], Optional[State]]

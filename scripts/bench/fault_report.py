@@ -372,9 +372,11 @@ class _WarningCounter(logging.Handler):
 
 
 # ------------------------------------------------------------------------------------------------ report
-#: The words that select each group of faults with --only, in the order the groups run.
-_GROUPS = ("kernel build worker runner", "node", "SIGKILL", "Ray", "hostile corrupt", "two")
-_GROUP_WORDS = tuple(w for group in _GROUPS for w in group.split())
+#: Each group of faults in the order they run, with the words that select it with --only.
+_GROUPS = ((("kernel", "build", "worker", "runner"), measurer_faults), (("node",), lost_node),
+           (("SIGKILL",), sigkill_tuner), (("Ray",), ray_killed), (("hostile", "corrupt"), hostile_log),
+           (("two",), two_tuners_one_log))
+_GROUP_WORDS = tuple(w for words, _ in _GROUPS for w in words)
 
 
 def main() -> int:
@@ -384,11 +386,10 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     os.environ.pop("RAY_ADDRESS", None)
-    groups = zip(_GROUPS, (measurer_faults, lost_node, sigkill_tuner, ray_killed, hostile_log, two_tuners_one_log))
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="ansor-faults-") as tmp:
-        for words, run in groups:
-            if args.only and not set(words.split()) & set(args.only):
+        for words, run in _GROUPS:
+            if args.only and not set(words) & set(args.only):
                 continue
             t0 = time.time()
             try:
