@@ -302,7 +302,7 @@ def test_database_and_export(tuned, tmp_path):
     shutil.copy(log, db / "earlier-run.json")
     out = tmp_path / "deploy"
     proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", TINY_TRIALS, "--database", db,
-               "--export", out, "--repeat", 1)
+               "--export", out, "--repeat", 1, "--no-pool-probe")
     assert_final_report(proc)
     assert f"{TINY_TASKS} of {TINY_TASKS} tasks already tuned there" in proc.stderr
     assert "tuning: 0 new trials" in proc.stderr
@@ -312,9 +312,7 @@ def test_database_and_export(tuned, tmp_path):
     meta = json.loads((out / "model.json").read_text())
     assert meta["entry"] == "forward" and [i["name"] for i in meta["inputs"]] == ["data"]
     assert meta["weights"] == [] and meta["params_file"] is None  # prepared for the CPU: weights are constants
-    # The thread-pool probe timed the build in fresh processes and the export names its choice ({}: TVM's).
-    assert "thread pool (mean of 3 processes each): bound" in proc.stderr, proc.stderr[-2000:]
-    assert set(meta["env"]) <= {"TVM_BIND_THREADS", "TVM_THREAD_POOL_SPIN_COUNT"}
+    assert "thread pool" not in proc.stderr and meta["env"] == {}  # --no-pool-probe: no setting named
 
     import numpy as np
     from ansor.networks import apply_schedules, build, extract, get_network, run as run_network
@@ -330,3 +328,17 @@ def test_database_and_export(tuned, tmp_path):
                             env={**no_ansor, "MODEL_DIR": str(out)})
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-5)
+
+
+def test_export_command_probes_the_thread_pool(tuned, tmp_path):
+    """``ansor export`` of the tuned log: the build is timed under each thread-pool setting in fresh processes
+    and model.json names the choice ({}: TVM's own), as ``ansor tune --export`` does."""
+    log, _ = tuned
+    out = tmp_path / "deploy"
+    proc = subprocess.run([sys.executable, "-m", "ansor", "export", str(log), "--out", str(out)], capture_output=True,
+                          text=True, timeout=300, env=env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "thread pool (mean of 3 processes each): bound" in proc.stderr, proc.stderr[-2000:]
+    meta = json.loads((out / "model.json").read_text())
+    assert set(meta["env"]) <= {"TVM_BIND_THREADS", "TVM_THREAD_POOL_SPIN_COUNT"}
+    assert f"with {TINY_TASKS} of {TINY_TASKS} tasks tuned" in proc.stderr

@@ -1,8 +1,10 @@
-"""A network built with its default schedules and with a log's best ones, compared and timed."""
+"""A network built with its default schedules and with a log's best ones, compared and timed; the thread-pool
+setting the tuned build runs fastest with, for its export."""
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -48,3 +50,16 @@ def evaluate_network(extraction, log: os.PathLike | Sequence[os.PathLike], targe
     tuned = time_network(tuned_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
     return NetworkEvaluation(default, tuned, comparison, tuned_task_count(extraction.tasks, log, target),
                              len(extraction.tasks), tuned_exe)
+
+
+def pool_setting(executable, network, target) -> dict:
+    """The TVM thread-pool setting that runs the tuned build fastest here (CPU targets), for the export."""
+    from ..relax.thread_pool import choose_pool_setting
+    from ..target import device_kind
+
+    if not device_kind(target).thread_pool:
+        return {}
+    print("timing the tuned build with each thread-pool setting in fresh processes ...", file=sys.stderr, flush=True)
+    choice = choose_pool_setting(executable, network, target)
+    print(choice, file=sys.stderr)
+    return dict(choice.best.env)

@@ -43,6 +43,14 @@ def add_ray_address_arg(parser: argparse.ArgumentParser) -> None:
                              "can run code as its user unless it was started with token authentication")
 
 
+def add_pool_probe_arg(parser: argparse.ArgumentParser, when: str) -> None:
+    """``--no-pool-probe`` of the commands that export a tuned network (``when``: the flag it goes with)."""
+    parser.add_argument("--no-pool-probe", dest="pool_probe", action="store_false",
+                        help=f"{when}do not time the tuned build under each TVM thread-pool setting "
+                             "(thread binding, spinning) in fresh processes to name the fastest in the export "
+                             "(the probe takes ~10 s per setting on 2 cores)")
+
+
 def add_build_memory_arg(parser: argparse.ArgumentParser) -> None:
     """``--build-memory-gib`` of the tuning scripts."""
     parser.add_argument("--build-memory-gib", type=MEMORY_GIB, default=None, metavar="G",

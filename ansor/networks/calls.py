@@ -13,6 +13,8 @@ import tvm
 from tvm import relax, tirx
 
 CALL_TIR = "relax.call_tir"
+#: Every call of a PrimFunc by a Relax function: the plain call and its in-place and gradient forms.
+CALL_TIR_OPS = (CALL_TIR, "relax.call_tir_inplace", "relax.call_tir_with_grad")
 
 #: Rewrites one call site: (the block builder, the original call with its arguments already visited,
 #: the new function's global variable) -> the expression that replaces the call.

@@ -24,13 +24,13 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from ..errors import AnsorError, short_message
 from ..task.search_task import SearchTask
 from ..target import device_kind, parse_target
+from .calls import CALL_TIR_OPS
 from .flatten import flatten_rows, is_reshape
 from .network import Network, NetworkError
 from .prepare import prepare
 
 logger = logging.getLogger("ansor")
 
-_CALL_TIR_OPS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_tir_with_grad")
 _SUFFIX = re.compile(r"(?<=[a-z])\d+$")  # the uniquifying number LegalizeOps/FuseOps append to op names
 
 
@@ -121,7 +121,7 @@ def call_counts(mod: tvm.IRModule) -> tuple[Counter, dict[str, int]]:
     n_outputs: dict[str, int] = {}
 
     def visit(expr) -> None:
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") in _CALL_TIR_OPS:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") in CALL_TIR_OPS:
             gv = expr.args[0]
             if isinstance(gv, tvm.ir.GlobalVar):
                 counts[gv.name_hint] += 1

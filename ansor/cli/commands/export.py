@@ -1,4 +1,4 @@
-"""``ansor export``: a deployable build of a tuned network, from its log, without tuning or timing.
+"""``ansor export``: a deployable build of a tuned network, from its log, without tuning.
 
 Examples
 --------
@@ -8,8 +8,9 @@ Examples
 The network is built with the best schedule of every task the log tuned (default schedules for the rest),
 its outputs are checked against the default build's on random inputs, and it is written to DIR as
 ``model.so`` + ``model.json`` + ``README.md`` (+ ``params.bin`` when weights are run-time arguments, as on
-a GPU target; on a CPU they are constants inside ``model.so``). It loads and runs with ``tvm`` alone; the
-README in DIR says how. ``ansor tune ... --export DIR`` does the same at the end of a tuning run.
+a GPU target; on a CPU they are constants inside ``model.so``). On a CPU the tuned build is first timed
+under each TVM thread-pool setting and the fastest is named in ``model.json`` (``--no-pool-probe`` skips
+that). It loads and runs with ``tvm`` alone; the README in DIR says how. ``ansor tune ... --export DIR`` does the same at the end of a tuning run.
 Exit status: 0, 1 the tuned build gives wrong outputs (nothing is written), 2 bad input, 130 interrupted.
 """
 
@@ -25,6 +26,7 @@ SUMMARY = "write a tuned network as a deployable model.so, from its tuning log"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..arguments import ExistingFile, OutputDir
     from ..networks import add_network_args
+    from ..options import add_pool_probe_arg
     from ..targets import add_log_target_arg
 
     parser.add_argument("log", metavar="LOG", type=ExistingFile("a tuning log", "logs/model-b1.json"),
@@ -33,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to write model.so, model.json and README.md (created if missing)")
     add_network_args(parser, for_logs=True)
     add_log_target_arg(parser)
+    add_pool_probe_arg(parser, "")
     parser.add_argument("-v", "--verbose", action="store_true", help="log details")
 
 
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ...networks import apply_schedules, apply_history_best, build, compare_outputs, extract
     from ...relax import export_network
-    from ..evaluation import tuned_task_count
+    from ..evaluation import pool_setting, tuned_task_count
     from ..networks import network_for_log
     from ..running import EXIT_FAILED
     from ..targets import log_target, parse_target_and_threads
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
               f"{cmp_.max_abs_error:.3g} > allowed {cmp_.atol + cmp_.rtol * cmp_.scale:.3g}; a schedule in {log} is "
               "wrong, nothing was written", file=sys.stderr)
         return EXIT_FAILED
-    library = export_network(tuned_exe, extraction.network, args.out, target)
+    env = pool_setting(tuned_exe, extraction.network, target) if args.pool_probe else {}
+    library = export_network(tuned_exe, extraction.network, args.out, target, env)
     print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
           f"{', params.bin' if extraction.network.weights else ''}); output check: tuned == default build "
           f"(max |difference| {cmp_.max_abs_error:.3g})")

@@ -43,7 +43,7 @@ SUMMARY = "tune a network (an ONNX file or a built-in one) and time it end to en
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..arguments import MINUTES, PER_ROUND, REPEATS, SEED, SELECT, TRIALS, ExistingFile, OutputDir, OutputFile, Text
     from ..networks import add_network_args
-    from ..options import add_build_memory_arg, add_ray_address_arg
+    from ..options import add_build_memory_arg, add_pool_probe_arg, add_ray_address_arg
 
     add_network_args(parser)
     parser.add_argument("--n-trials", type=TRIALS, default=1000,
@@ -69,10 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export", default=None, metavar="DIR", type=OutputDir("an export directory", "deploy/model"),
                         help="write the tuned build to DIR: model.so, model.json, README.md (and params.bin "
                              "when weights are run-time arguments); it loads and runs with tvm alone")
-    parser.add_argument("--no-pool-probe", dest="pool_probe", action="store_false",
-                        help="with --export: do not time the tuned build under each TVM thread-pool setting "
-                             "(thread binding, spinning) in fresh processes to name the fastest in the export "
-                             "(the probe takes ~10 s per setting on 2 cores)")
+    add_pool_probe_arg(parser, "with --export: ")
     parser.add_argument("--eval-only", action="store_true",
                         help="no tuning: apply the best schedules of --log-file and report the timing table")
     parser.add_argument("--per-round", type=PER_ROUND, default=16,
@@ -202,7 +199,7 @@ def tune(args: argparse.Namespace, extraction, log_file: Path, logs: list[Path],
 
 
 def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], table) -> int:
-    from ..evaluation import evaluate_network
+    from ..evaluation import evaluate_network, pool_setting
     from ..running import EXIT_FAILED
     from ..tables import timing_table
 
@@ -236,19 +233,6 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
         print(f"Speedup over PyTorch eager (mean): {torch_timing.mean_ms / ev.tuned.mean_ms:.2f}x "
               f"({torch_timing.num_threads} PyTorch threads)")
     return 0
-
-
-def pool_setting(executable, network, target) -> dict:
-    """The TVM thread-pool setting that runs the tuned build fastest here (CPU targets), for the export."""
-    from ...relax.thread_pool import choose_pool_setting
-    from ...target import device_kind
-
-    if not device_kind(target).thread_pool:
-        return {}
-    print("timing the tuned build with each thread-pool setting in fresh processes ...", file=sys.stderr, flush=True)
-    choice = choose_pool_setting(executable, network, target)
-    print(choice, file=sys.stderr)
-    return dict(choice.best.env)
 
 
 def pytorch_eager(net, target, repeat: int, tvm_threads: int):
