@@ -71,7 +71,7 @@ def keys_in(log: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tuned_a(local_ray, tmp_path_factory):
-    """ModelA tuned with 4 trials (2 tasks x one round of 2) into a database directory."""
+    """ModelA tuned with 4 trials (each task's default schedule, then searched rounds) into a database directory."""
     db = ansor.Database(tmp_path_factory.mktemp("db"))
     params = params_of(ModelA)
     result = ansor.relax.tune_relax(ModelA, params, TARGET, db.log_path("model-a"), trials=4, options=FAST,
@@ -92,7 +92,7 @@ def test_extract_tasks_of_a_hand_written_module():
 
 def test_tune_compile_export_and_run_without_ansor(tuned_a, tmp_path):
     db, params, result = tuned_a
-    assert result.total_measured == 4 and result.measured == [2, 2]
+    assert result.total_measured == 4 and sum(result.measured) == 4 and min(result.measured) >= 1
     assert all(c < float("inf") for c in result.best_costs)
     assert len(keys_in(db.log_path("model-a"))) == 4
 

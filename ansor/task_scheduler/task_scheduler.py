@@ -1,8 +1,8 @@
 """Spend a network's trial budget where end-to-end latency gains most (Ansor's gradient task scheduler).
 
 The objective is the weighted sum of task latencies (weight = how often a subgraph occurs). After one
-warm-up round per task, each round tunes the task whose estimated gradient of the objective with respect
-to its trials is most negative:
+warm-up round per task (its ``first`` programs alone when it has any, else a searched round), each round
+tunes the task whose estimated gradient of the objective with respect to its trials is most negative:
 
     grad_i = w_i * (alpha * backward_i + (1 - alpha) * forward_i)
 
@@ -163,7 +163,7 @@ def schedule_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_tria
                    tuned_elsewhere: Optional[Mapping[str, Sequence[Record]]] = None) -> Allocator:
     """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator.
 
-    ``first[i]``: states of task ``i`` measured in its first round, before anything searched. A network
+    ``first[i]``: states of task ``i`` measured in its first round, which holds nothing else. A network
     passes each task's default schedule, so a tuned task is never slower than its untuned build.
     ``time_limit``: seconds after which no new round starts (the trial budget may end it first).
     ``history`` (records by workload key, e.g. the run's own log) continues this run: it counts towards
