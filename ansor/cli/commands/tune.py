@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-only", action="store_true",
                         help="no tuning: apply the best schedules of --log-file and report the timing table")
     parser.add_argument("--per-round", type=PER_ROUND, default=16,
-                        help="measurements per scheduler round, all of one task (default 16)")
+                        help="measurements per scheduler round, all of one task (default 16; a task's warm-up "
+                             "round measures only its default schedule and seeds)")
     parser.add_argument("--strategy", choices=("gradient", "round-robin"), default="gradient",
                         help="how rounds are given to tasks: Ansor's gradient scheduler (default; a task's "
                              "gradient halves every 128 of its trials without gain) or in turn")

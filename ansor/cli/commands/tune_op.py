@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "shipped schedule database (docs/pretrained.md; the default uses both on CPU "
                              "targets)")
     parser.add_argument("--per-round", type=PER_ROUND, default=16,
-                        help="candidates measured per search round (default 16)")
+                        help="candidates measured per search round (default 16; the shipped database's seeds, "
+                             "when there are any, are a first round of their own)")
     add_build_memory_arg(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log search details")
 
