@@ -10,7 +10,8 @@ its outputs are checked against the default build's on random inputs, and it is 
 ``model.so`` + ``model.json`` + ``README.md`` (+ ``params.bin`` when weights are run-time arguments, as on
 a GPU target; on a CPU they are constants inside ``model.so``). On a CPU the tuned build is first timed
 under each TVM thread-pool setting and the fastest is named in ``model.json`` (``--no-pool-probe`` skips
-that). It loads and runs with ``tvm`` alone; the README in DIR says how. ``ansor tune ... --export DIR`` does the same at the end of a tuning run.
+that). It loads and runs with ``tvm`` alone; the README in DIR says how. ``ansor tune ... --export DIR``
+does the same at the end of a tuning run.
 Exit status: 0, 1 the tuned build gives wrong outputs (nothing is written), 2 bad input, 130 interrupted.
 """
 
