@@ -15,7 +15,7 @@ from ansor.bench.docs import Provenance
 from ansor.bench.network_report import OURS, ModelReport, TaskRow
 from ansor.bench.peers import PeerResult
 from ansor.bench.zoo_bench import (ZooResult, ZooStatus, bench_zoo_model, log_path, needs_tuning, read_status,
-                                   status_path, write_status, write_zoo_docs, zoo_rows)
+                                   status_path, write_status, write_zoo_docs, zoo_row, zoo_rows)
 
 REQUIRED = {zoo.MOBILE_SE, zoo.DEPTHWISE, zoo.GROUPED, zoo.DENSE, zoo.INCEPTION, zoo.CONVNEXT, zoo.VIT,
             zoo.DETECTOR, zoo.VIDEO, zoo.ENCODER, zoo.DECODER}
@@ -54,10 +54,14 @@ def test_a_model_whose_tuning_finished_is_not_tuned_again(tmp_path):
     assert needs_tuning(tmp_path, name)  # finished, but its log is gone
     log_path(tmp_path, name).write_text("")
     assert not needs_tuning(tmp_path, name)
-    assert read_status(tmp_path, name) == ZooStatus(True, 1.0e9, 30.0, 42)
+    s = read_status(tmp_path, name)
+    assert (s.tuned, s.start, s.tuning_s, s.trials) == (True, 1.0e9, 30.0, 42)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no partial file left
     status_path(tmp_path, name).write_text("{not json")
     assert needs_tuning(tmp_path, name)  # a damaged status never passes a log off as finished
+    write_status(tmp_path, name, ZooStatus(True, 1.0e9, 300.0, 900, minutes=5.0))
+    assert not needs_tuning(tmp_path, name, 5.0) and not needs_tuning(tmp_path, name)
+    assert needs_tuning(tmp_path, name, 10.0)  # tuned for another budget: its row would not say 10 minutes
 
 
 def _args(**kw):
@@ -78,6 +82,45 @@ def test_a_model_that_fails_to_import_gets_its_error_row(tmp_path):
     _, rows, geomean, count = zoo_rows([result])
     assert rows[0][:4] == (model.name, model.family, f"no: import failed: {result.error}", "-")
     assert count == 0 and np.isnan(geomean)
+
+
+def test_a_timed_model_gives_its_stored_row_with_reuse_timings(tmp_path):
+    """The whole zoo takes longer than a machine stays free: a table is assembled from several runs, each
+    model's row from the run that timed it, without exporting, building or timing it again."""
+    model = zoo.BY_NAME["resnet50"]
+    timed = ZooResult(model, _report(model.name, 10.0))
+    row, ratio = zoo_row(timed)
+    log_path(tmp_path, model.name).write_text("")
+    write_status(tmp_path, model.name, ZooStatus(True, 1.0e9, 600.0, 64, minutes=10.0, row=list(row),
+                                                 ratio=ratio, timed="2025-01-01"))
+    said = []
+    reused = bench_zoo_model(model, _args(minutes=10.0, reuse_timings=True), "llvm -num-cores=1", 1, tmp_path,
+                             say=said.append)
+    assert reused.stored == (row, ratio) and reused.report is None and "2025-01-01" in said[0]
+    assert not (tmp_path / f"{model.name}.onnx").exists()  # nothing exported: the row came from the status
+    _, rows, geomean, count = zoo_rows([reused, timed])
+    assert rows == [row, row] and count == 2 and geomean == pytest.approx(1.5)
+
+
+def test_outputs_that_do_not_move_with_the_input_are_refused():
+    """torchvision's own initialisation made GoogLeNet's outputs for two inputs differ by 3e-11 and
+    ViT-B/16's all zeros: a check against ONNX Runtime on such a model proves nothing."""
+    a = np.linspace(-1, 1, 10, dtype=np.float32)
+    assert zoo.input_dependence([a], [a + 1e-12]) < zoo.INPUT_DEPENDENCE
+    assert zoo.input_dependence([np.zeros(3)], [np.zeros(3)]) == 0.0
+    assert np.isnan(zoo.input_dependence([a], [a * np.inf]))
+    assert zoo.input_dependence([a, a], [a, -a]) == 0.0  # every output must move, not only one
+    assert zoo.input_dependence([a], [-a]) == pytest.approx(2.0)
+
+
+def test_zoo_weights_make_the_output_depend_on_the_input():
+    pytest.importorskip("torchvision", reason="building the zoo's models needs torchvision (the zoo extra)")
+    import torch
+    model = zoo.BY_NAME["googlenet"]
+    module = zoo.build_module(model)
+    with torch.no_grad():
+        outputs = [[module(*zoo.example_inputs(model, seed)).numpy()] for seed in (0, 1)]
+    assert zoo.input_dependence(*outputs) > 10 * zoo.INPUT_DEPENDENCE  # 2.5e-2; 3e-11 with its own weights
 
 
 def _report(name: str, ms: float) -> ModelReport:
@@ -144,6 +187,8 @@ def test_bad_zoo_flags_are_refused_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: no model 'alexnet' in the zoo") and "gpt2" in err
     assert list(tmp_path.iterdir()) == [onnx]  # nothing was exported or written
+    assert main(["bench", "--reuse-timings", "--onnx", str(onnx)]) == 2
+    assert "--reuse-timings reuses the model zoo's stored rows: it needs --zoo" in capsys.readouterr().err
 
 
 def test_provenance_names_the_command_once():

@@ -296,6 +296,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", default=None, type=OutputDir("a work directory", "bench-work"),
                         help="ONNX files and logs (default: a temporary directory); with --zoo, a rerun with "
                              "the same directory tunes only the models not tuned yet")
+    parser.add_argument("--reuse-timings", action="store_true",
+                        help="with --zoo: a model tuned and timed by an earlier run with the same --minutes is "
+                             "not timed again, its stored row goes into the table (each row's ratio is still "
+                             "measured in turn within its own run)")
     parser.add_argument("--repeat", type=REPEATS, default=10, help="timing repeats of each build (default 10)")
     parser.add_argument("--pause", type=Number(0, 600, False, "3"), default=3.0,
                         help="seconds between timings (default 3)")
@@ -345,6 +349,8 @@ def run_networks(args: argparse.Namespace) -> int:
     models_given = args.models or list(MODELS)
     if args.log and len(args.onnx or models_given) != 1:
         raise AnsorError("--log evaluates one model: give one --models name or one --onnx file")
+    if args.reuse_timings:
+        raise AnsorError("--reuse-timings reuses the model zoo's stored rows: it needs --zoo")
     if not args.onnx:
         from ..networks.torch_baseline import TORCH_NETWORKS
         unknown = [m for m in models_given if m not in TORCH_NETWORKS]

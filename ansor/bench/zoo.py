@@ -8,6 +8,13 @@ export uses random weights (``weights=None``; no download: the machines that run
 eval mode, batch 1, opset 17 and the TorchScript exporter (``dynamo=False``), as ``ansor bench`` exports the
 built-in networks. Random weights time the same as trained ones: latency depends on shapes, not values.
 
+The values still matter to the check against ONNX Runtime, which means nothing when the output does not
+depend on the input. torchvision's own initialisation makes some outputs constant: GoogLeNet's truncated
+normals (std 0.01) shrink the features until two inputs give outputs 3e-11 apart, ViT-B/16's head is zeros,
+Inception-v3's overflows to 1e12 and EfficientNet-B0's ends at 1e-14. Every torchvision entry therefore gets
+He-normal convolution and linear weights and zero biases (variance-preserving through ReLU nets: outputs of
+order 1e-3 to 1e6 over the zoo), and the export refuses a model whose output does not move with its input.
+
 Two entries are not a library's whole model: the SSDlite detector is exported as backbone and head, without
 the transform and non-maximum suppression (data-dependent shapes, which no compiler of static graphs takes;
 a user exports the same part), and the transformers take ``input_ids`` alone, with an all-ones attention
@@ -49,6 +56,9 @@ FAMILIES = (MOBILE_SE, DEPTHWISE, GROUPED, DENSE, INCEPTION, CONVNEXT, VIT, RESI
             VIDEO, ENCODER, DECODER)
 
 OPSET = 17
+# Two seeded inputs must move the output by at least this fraction of its largest magnitude. With He-normal
+# weights the zoo's models move by 1e-2 (DenseNet-121) to 1.5 (ConvNeXt-T); the constant ones by 0 to 3e-11.
+INPUT_DEPENDENCE = 1e-3
 IMAGE = (("input", (1, 3, 224, 224), "float32"),)
 TOKENS = (("input_ids", (1, 128), "int64"),)  # sequence length 128
 
@@ -147,13 +157,54 @@ def build_module(model: ZooModel) -> Any:
     import torchvision.models as tvm_models
     namespace = getattr(tvm_models, model.module) if model.module else tvm_models
     net = getattr(namespace, model.constructor)(weights=None, **dict(model.options)).eval()
+    _variance_preserving(net)
     return _adapters()[model.outputs](net).eval() if model.outputs != "plain" else net
 
 
-def example_inputs(model: ZooModel) -> tuple[Any, ...]:
-    """Seeded example inputs for the export (values do not matter to a trace of a static graph)."""
+def _variance_preserving(net: Any) -> None:
+    """He-normal weights (fan in, ReLU gain) and zero biases for every convolution and linear layer: the
+    activations keep their scale through the depth, so the output depends on the input (module docstring)."""
     import torch
-    generator = torch.Generator().manual_seed(0)
+    for layer in net.modules():
+        if isinstance(layer, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)):
+            torch.nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+            if layer.bias is not None:
+                torch.nn.init.zeros_(layer.bias)
+
+
+def input_dependence(first: list[Any], second: list[Any]) -> float:
+    """How far the outputs for two inputs lie apart: the largest change of any output over its largest
+    magnitude (numpy arrays); 0 when an output is constant or all zeros, nan when one is not finite."""
+    import numpy as np
+    moved = []
+    for a, b in zip(first, second):
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            return float("nan")
+        scale = np.abs(a).max(initial=0.0)
+        moved.append(np.abs(a - b).max(initial=0.0) / scale if scale > 0 else 0.0)
+    return min(moved, default=0.0)
+
+
+def _check_input_dependence(model: ZooModel, module: Any) -> None:
+    """Refuse a model whose output does not move with its input: checking it against ONNX Runtime would
+    prove nothing."""
+    import torch
+    from ..networks.network import NetworkError
+    with torch.no_grad():
+        outputs = [module(*example_inputs(model, seed)) for seed in (0, 1)]
+    as_list = [[t.numpy() for t in (out if isinstance(out, tuple) else (out,))] for out in outputs]
+    moved = input_dependence(*as_list)
+    if not moved >= INPUT_DEPENDENCE:
+        raise NetworkError(f"{model.source} with random weights gives outputs that do not depend on its input "
+                           f"(two inputs move them by {moved:.1e} of their scale, at least {INPUT_DEPENDENCE:g} "
+                           f"needed): its check against ONNX Runtime would prove nothing")
+
+
+def example_inputs(model: ZooModel, seed: int = 0) -> tuple[Any, ...]:
+    """Seeded example inputs: for the export, and a second seed to check the output depends on them."""
+    import torch
+    generator = torch.Generator().manual_seed(seed)
     out = []
     for _, shape, dtype in model.inputs:
         if dtype.startswith("int"):
@@ -176,6 +227,7 @@ def export(model: ZooModel, work: Path) -> Path:
     try:
         import torch
         module = build_module(model)
+        _check_input_dependence(model, module)
         # nn.MultiheadAttention's fast path (eval, no grad: vit_b_16) is one fused operator the exporter does
         # not know; off, it traces as the matmuls and softmax it stands for.
         fastpath = torch.backends.mha.get_fastpath_enabled()
@@ -187,6 +239,8 @@ def export(model: ZooModel, work: Path) -> Path:
         finally:
             torch.backends.mha.set_fastpath_enabled(fastpath)
         os.replace(partial, path)
+    except NetworkError:
+        raise
     except ImportError as err:
         raise NetworkError(f"exporting {model.source} needs {err.name or 'torch'}: pip install -e '.[zoo]'") from None
     except Exception as err:  # the exporter's own errors: an operator it does not know, a trace that fails

@@ -4,9 +4,12 @@ one table for all of them, resumable.
 The full zoo takes hours (10 minutes of tuning per model, then its builds and timings), longer than a shared
 machine stays quiet or a session lasts, so a run keeps everything in its work dir: per model the ONNX file,
 the tuning log and a small JSON status file (``<name>.status.json``: when tuning started, its seconds and
-trials, or the last failure). A rerun with the same ``--work-dir`` tunes only the models whose tuning has not
-finished and times every model again from its log (timings belong to one run: ratios are only compared
-within it). A tuning killed mid-run is started afresh (its partial log kept aside as
+trials, or the last failure, and the model's row of the table from its last timing). A rerun with the same
+``--work-dir`` tunes only the models whose tuning has not finished (with the same ``--minutes``) and times
+every model again from its log; with ``--reuse-timings`` it takes the stored row of a model already timed
+instead. Every row's ratio is measured in turn within its own run, against runtimes timed in the same rounds,
+so a table assembled from several runs (the whole zoo takes longer than a machine stays free) compares each
+model fairly; the rows are not comparable with each other to a few percent. A tuning killed mid-run is started afresh (its partial log kept aside as
 ``<name>.interrupted.json``): a log's records before and after a restart would make no single tuning curve.
 
 A model that cannot be exported, imported, built or tuned gets its row with the one-line error, and the run
@@ -45,6 +48,10 @@ class ZooStatus:
     tuning_s: float = math.nan
     trials: int = 0
     error: str = ""  # the last failure, "stage: message"; empty once a run got through
+    minutes: float = math.nan  # the --minutes it was tuned with (nan: unknown, from an older run)
+    row: list[str] = field(default_factory=list)  # its table row from the last timing, for --reuse-timings
+    ratio: float = math.nan  # that timing's ansor / fastest runtime (the row's ratio, for the geometric mean)
+    timed: str = ""  # when: YYYY-MM-DD
 
 
 def status_path(work: Path, name: str) -> Path:
@@ -77,10 +84,12 @@ def write_status(work: Path, name: str, status: ZooStatus) -> None:
     os.replace(partial, path)
 
 
-def needs_tuning(work: Path, name: str) -> bool:
-    """Whether the model must be tuned in this run: not unless an earlier run finished tuning it and its
-    log is still there."""
-    return not (read_status(work, name).tuned and log_path(work, name).exists())
+def needs_tuning(work: Path, name: str, minutes: float = math.nan) -> bool:
+    """Whether the model must be tuned in this run: not unless an earlier run finished tuning it, for the
+    same ``minutes`` where both are known, and its log is still there."""
+    status = read_status(work, name)
+    other_budget = not (math.isnan(minutes) or math.isnan(status.minutes) or status.minutes == minutes)
+    return not (status.tuned and log_path(work, name).exists()) or other_budget
 
 
 @dataclass
@@ -93,6 +102,7 @@ class ZooResult:
     error: str = ""
     resumed: bool = False  # its tuning was done by an earlier run
     notes: list[str] = field(default_factory=list)
+    stored: Optional[tuple[tuple[str, ...], float]] = None  # row and ratio of an earlier run's timing
 
 
 def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, threads: int, work: Path,
@@ -104,6 +114,10 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
     status = read_status(work, model.name)
     result = ZooResult(model)
     log = log_path(work, model.name)
+    tuned = not needs_tuning(work, model.name, args.minutes)
+    if getattr(args, "reuse_timings", False) and tuned and status.row and status.minutes == args.minutes:
+        say(f"{model.name}: timed on {status.timed or 'an earlier day'}; its stored row goes into the table")
+        return ZooResult(model, resumed=True, stored=(tuple(status.row), status.ratio))
     stage = "export"
     try:
         onnx = export(model, work)
@@ -112,7 +126,7 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
         extraction = extract(load_onnx(onnx), target)
         stage = "build"
         default = build(apply_schedules(extraction.mod, extraction.tasks, {}, target=target), target)
-        if needs_tuning(work, model.name):
+        if not tuned:
             stage = "tune"
             if log.exists():
                 aside = log.with_name(f"{model.name}.interrupted.json")
@@ -121,7 +135,7 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
             say(f"{model.name}: tuning for up to {args.minutes:g} minutes ...")
             start = time.time()
             tuning_s, trials, _ = tune(onnx, log, args.minutes, args.n_trials, tune_flags(args))
-            status = ZooStatus(True, start, tuning_s, trials)
+            status = ZooStatus(True, start, tuning_s, trials, minutes=args.minutes)
             write_status(work, model.name, status)
         else:
             result.resumed = True
@@ -131,7 +145,8 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
         report = ModelReport(model.name, tuning_s=status.tuning_s, trials=status.trials)
         result.report = measure(report, onnx, extraction, log, status.start, args, target, threads, work, None,
                                 checkpoints=(), default=default)
-        status.error = ""
+        row, status.ratio = zoo_row(result)
+        status.error, status.row, status.timed = "", list(row), time.strftime("%Y-%m-%d")
     except AnsorError as err:
         if getattr(err, "detail", ""):  # a failed ansor tune: the tail of its stderr, for whoever looks into it
             log.with_name(f"{model.name}.tune-stderr.txt").write_text(err.detail)
@@ -154,26 +169,30 @@ def matches_ort(report: ModelReport) -> str:
     return f"{'yes' if c.ok else '**no**'} ({c.max_abs_error / max(c.scale, 1e-30):.1e})"
 
 
-def zoo_rows(results: list[ZooResult]) -> tuple[tuple[str, ...], list[tuple[str, ...]], float, int]:
-    """The zoo's table: header, one row per model (a failed one with its error where its first missing
-    figure would be), and the geometric mean of ansor / fastest runtime over the models that ran."""
-    header = ("model", "family", "imports", "builds", "matches ONNX Runtime", *RESULT_HEADER)
-    rows, ratios = [], []
+def zoo_row(r: ZooResult) -> tuple[tuple[str, ...], float]:
+    """One model's row (a failed one with its error where its first missing figure would be) and its ratio
+    of ansor / fastest runtime (nan when it did not run)."""
+    if r.stored is not None:
+        return r.stored
+    m, error = r.model, _escape(f"{r.stage} failed: {r.error}")
     blank = ("-",) * len(RESULT_HEADER)
-    for r in results:
-        m, error = r.model, _escape(f"{r.stage} failed: {r.error}")
-        if r.report is not None:
-            cells, ratio = result_cells(r.report)
-            ratios.append(ratio)
-            rows.append((m.name, m.family, "yes", "yes", matches_ort(r.report), *cells))
-        elif r.stage in ("export", "import"):
-            rows.append((m.name, m.family, f"no: {error}", "-", "-", *blank))
-        elif r.stage == "build":
-            rows.append((m.name, m.family, "yes", f"no: {error}", "-", *blank))
-        else:
-            rows.append((m.name, m.family, "yes", "yes", "-", error, *blank[1:]))
-    geomean, count = geometric_mean(ratios)
-    return header, rows, geomean, count
+    if r.report is not None:
+        cells, ratio = result_cells(r.report)
+        return (m.name, m.family, "yes", "yes", matches_ort(r.report), *cells), ratio
+    if r.stage in ("export", "import"):
+        return (m.name, m.family, f"no: {error}", "-", "-", *blank), math.nan
+    if r.stage == "build":
+        return (m.name, m.family, "yes", f"no: {error}", "-", *blank), math.nan
+    return (m.name, m.family, "yes", "yes", "-", error, *blank[1:]), math.nan
+
+
+def zoo_rows(results: list[ZooResult]) -> tuple[tuple[str, ...], list[tuple[str, ...]], float, int]:
+    """The zoo's table: header, one row per model, and the geometric mean of ansor / fastest runtime over
+    the models that ran."""
+    header = ("model", "family", "imports", "builds", "matches ONNX Runtime", *RESULT_HEADER)
+    pairs = [zoo_row(r) for r in results]
+    geomean, count = geometric_mean([ratio for _, ratio in pairs])
+    return header, [row for row, _ in pairs], geomean, count
 
 
 def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: float) -> str:
