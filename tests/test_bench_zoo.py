@@ -96,10 +96,14 @@ def test_a_timed_model_gives_its_stored_row_with_reuse_timings(tmp_path):
     said = []
     reused = bench_zoo_model(model, _args(minutes=10.0, reuse_timings=True), "llvm -num-cores=1", 1, tmp_path,
                              say=said.append)
-    assert reused.stored == (row, ratio) and reused.report is None and "2025-01-01" in said[0]
+    assert (reused.stored.cells, reused.stored.ratio) == (row, ratio) and reused.report is None
+    assert "timed on 2025-01-01" in said[0]
     assert not (tmp_path / f"{model.name}.onnx").exists()  # nothing exported: the row came from the status
     _, rows, geomean, count = zoo_rows([reused, timed])
     assert rows == [row, row] and count == 2 and geomean == pytest.approx(1.5)
+    provenance = Provenance("2025-02-01", "CPU: Test CPU (2 cores)", "Python 3", "ansor bench --zoo")
+    text = write_zoo_docs(tmp_path, [reused], provenance, 10).read_text()
+    assert "Rows timed by earlier runs" in text and "resnet50 (2025-01-01)" in text and "**1.50**" in text
 
 
 def test_outputs_that_do_not_move_with_the_input_are_refused():

@@ -92,6 +92,15 @@ def needs_tuning(work: Path, name: str, minutes: float = math.nan) -> bool:
     return not (status.tuned and log_path(work, name).exists()) or other_budget
 
 
+@dataclass(frozen=True)
+class StoredRow:
+    """A model's row of the table as an earlier run timed it (``--reuse-timings``)."""
+
+    cells: tuple[str, ...]
+    ratio: float  # ansor / fastest runtime in that run's rounds (nan: it did not run)
+    timed: str  # YYYY-MM-DD, or "" from a run that did not record it
+
+
 @dataclass
 class ZooResult:
     """One model's outcome: its report, or the stage that failed and the one-line error."""
@@ -102,7 +111,7 @@ class ZooResult:
     error: str = ""
     resumed: bool = False  # its tuning was done by an earlier run
     notes: list[str] = field(default_factory=list)
-    stored: Optional[tuple[tuple[str, ...], float]] = None  # row and ratio of an earlier run's timing
+    stored: Optional[StoredRow] = None  # its row as an earlier run timed it
 
 
 def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, threads: int, work: Path,
@@ -117,7 +126,7 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
     tuned = not needs_tuning(work, model.name, args.minutes)
     if getattr(args, "reuse_timings", False) and tuned and status.row and status.minutes == args.minutes:
         say(f"{model.name}: timed on {status.timed or 'an earlier day'}; its stored row goes into the table")
-        return ZooResult(model, resumed=True, stored=(tuple(status.row), status.ratio))
+        return ZooResult(model, resumed=True, stored=StoredRow(tuple(status.row), status.ratio, status.timed))
     stage = "export"
     try:
         onnx = export(model, work)
@@ -173,7 +182,7 @@ def zoo_row(r: ZooResult) -> tuple[tuple[str, ...], float]:
     """One model's row (a failed one with its error where its first missing figure would be) and its ratio
     of ansor / fastest runtime (nan when it did not run)."""
     if r.stored is not None:
-        return r.stored
+        return r.stored.cells, r.stored.ratio
     m, error = r.model, _escape(f"{r.stage} failed: {r.error}")
     blank = ("-",) * len(RESULT_HEADER)
     if r.report is not None:
@@ -200,6 +209,10 @@ def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: floa
     header, rows, geomean, count = zoo_rows(results)
     table = markdown_table(header, rows, f"<<<<<{RESULT_ALIGN}")
     sources = "; ".join(f"{r.model.name}: `{r.model.source}`" for r in results)
+    earlier = ", ".join(f"{r.model.name} ({r.stored.timed or 'undated'})" for r in results if r.stored)
+    if earlier:
+        sources += (f". Rows timed by earlier runs (`--reuse-timings`; each ratio measured in turn within its "
+                    f"own run, the date above is the table's): {earlier}")
     return (f"## Model zoo after {minutes:g} minutes of tuning each\n\n{provenance.markdown()}\n{table}\n\n"
             f"Geometric mean of ansor / fastest float32 runtime: **{geomean:.2f}** over the {count} of "
             f"{len(results)} models that ran. {RESULT_NOTE} \"matches ONNX Runtime\": every output within "
