@@ -343,6 +343,32 @@ def test_a_transpose_with_a_long_strided_innermost_loop_is_vectorized_in_pieces(
     assert np.array_equal(run_program(module, [arg, np.zeros((1, 7, 7, 768), "float32")])[-1], arg.transpose(0, 2, 3, 1))
 
 
+def test_a_channel_shuffle_with_a_concatenate_is_one_vectorized_pass():
+    """ShuffleNet-V2's blocks end in concatenate, reshape, transpose, reshape (the shuffle stays NCHW while
+    its branches run NHWC): untuned, each intermediate was a whole buffer of its own, 13 such functions 0.42 ms
+    of its 1.80. Now it is one parallel, vectorized pass that picks each element from its input."""
+    from tvm import te, topi
+
+    from ansor.task.program import run_program
+    from ansor.networks import copy_schedule
+
+    kept = te.placeholder((1, 8, 6, 6), name="kept")  # NCHW
+    branch = te.placeholder((1, 6, 6, 8), name="branch")  # NHWC, out of a convolution
+    joined = topi.concatenate([kept, topi.transpose(branch, (0, 3, 1, 2))], axis=1)
+    shuffled = topi.reshape(topi.transpose(topi.reshape(joined, (1, 2, 8, 6, 6)), (0, 2, 1, 3, 4)), (1, 16, 6, 6))
+    func = te.create_prim_func([kept, branch, shuffled])
+    scheduled = copy_schedule(func, 2, 32)
+    assert scheduled is not None
+    script = scheduled.script()
+    assert "T_concat" not in script and "T_transpose" not in script  # inlined: no intermediate buffer
+    assert "T.parallel(" in script and "T.vectorized(6)" in script
+    rng = np.random.default_rng(0)
+    a, b = rng.random((1, 8, 6, 6), dtype="float32"), rng.random((1, 6, 6, 8), dtype="float32")
+    want = np.concatenate([a, b.transpose(0, 3, 1, 2)], 1).reshape(1, 2, 8, 6, 6).transpose(0, 2, 1, 3, 4)
+    got = run_program(_compile(scheduled), [a, b, np.zeros((1, 16, 6, 6), "float32")])[-1]
+    assert np.array_equal(got, want.reshape(1, 16, 6, 6))
+
+
 def _compile(func: tvm.tirx.PrimFunc) -> tvm.runtime.Module:
     return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm").jit()
 

@@ -173,7 +173,9 @@ def copy_schedule(func: tvm.tirx.PrimFunc, num_cores: int, vector_bytes: int) ->
     BERT-base's attention copies (AMD EPYC Zen 3, 2 threads, each call timed in place in the tuned build):
     the q/k/v split 87 -> 42 us a call (its reshape was a scalar loop), K's [128,768] -> [768,128] transpose
     69 -> 17 us (element by element with 3 KB strides before), the attention output's transpose-then-reshape
-    29 -> 15 us.
+    29 -> 15 us. A concatenate (``if_then_else`` of loads) is a copy too, and a single output block of no
+    kind above is parallel and vectorized after the inlining (:func:`_plain_plan`): ShuffleNet-V2's channel
+    shuffles made its tuned build 16 % slower as whole-buffer passes (Zen 5, 2 threads, in turn).
     """
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     try:
@@ -187,7 +189,7 @@ def copy_schedule(func: tvm.tirx.PrimFunc, num_cores: int, vector_bytes: int) ->
             sch.compute_inline(block)
         except tvm.s_tir.ScheduleError:  # an output block, or one TVM cannot inline
             continue
-    plans = [(block, _copy_plan(sch, block) or _split_innermost(sch, block))
+    plans = [(block, _copy_plan(sch, block) or _split_innermost(sch, block) or _plain_plan(sch, block))
              for block in sch.get_child_blocks(root)]
     if not plans or any(plan is None for _, plan in plans):
         return None
@@ -249,6 +251,17 @@ def _copy_plan(sch: tvm.s_tir.Schedule, block) -> Optional[tuple[int, Optional[i
     return len(ivs) - 1, read_pos
 
 
+def _plain_plan(sch: tvm.s_tir.Schedule, block) -> Optional[tuple[int, Optional[int]]]:
+    """The plan of a copy with reads of no kind :func:`_copy_plan` knows, once every block before it is
+    inlined (a channel shuffle: concatenate, reshape, transpose, reshape): its leading loops in parallel and
+    its innermost vectorized, one pass over the data. ``None`` when intermediate blocks remain: their own
+    passes over buffers of the whole size are what the State default may do better."""
+    root = sch.get_sblock("root")
+    if len(sch.get_child_blocks(root)) != 1 or len(sch.get(block).writes) != 1:
+        return None
+    return len(sch.get_loops(block)) - 1, None
+
+
 def _split_innermost(sch: tvm.s_tir.Schedule, block) -> Optional[tuple[int, Optional[int]]]:
     """Split the block's innermost loop by a constant an input index divides it by (``c // 64``, ``c % 64``
     of a reshape after a transpose) when that turns the block into a copy :func:`_copy_plan` accepts; its
@@ -289,13 +302,30 @@ def _divisors_of(expr, var) -> list[int]:
 
 
 def _is_copy(block) -> bool:
-    """A block without reduction that stores an element it loads (integer index arithmetic allowed)."""
+    """A block without reduction that stores an element it loads, or picks one of several it loads
+    (concatenate, a pad), integer index arithmetic allowed."""
     body = block.body
     if not isinstance(body, tvm.tirx.BufferStore):
         return False
     integer = str(getattr(body.value, "dtype", "float")).startswith(("int", "uint"))
     return all(iv.iter_type == tvm.tirx.IterVar.DataPar for iv in block.iter_vars) and \
-        (isinstance(body.value, TensorLoad) or integer)
+        (_picks_loads(body.value) or integer)
+
+
+def _picks_loads(value) -> bool:
+    """A load, or an ``if_then_else``/``Select`` whose branches are loads or constants, one a load at least
+    (a concatenate's and a pad's values)."""
+    if isinstance(value, TensorLoad):
+        return True
+    if isinstance(value, tvm.tirx.Select):
+        branches = [value.true_value, value.false_value]
+    elif isinstance(value, tvm.ir.expr.Call) and str(getattr(value.op, "name", "")).endswith("if_then_else"):
+        branches = list(value.args[1:])
+    else:
+        return False
+    constant = (tvm.tirx.IntImm, tvm.tirx.FloatImm)
+    return all(isinstance(b, constant) or _picks_loads(b) for b in branches) and \
+        not all(isinstance(b, constant) for b in branches)
 
 
 def _coefficient(expr, var) -> Optional[int]:
