@@ -9,6 +9,9 @@ Every runtime computes in float32, as ansor does, unless a row says otherwise: O
 bfloat16 on CPUs with native bf16 arithmetic (AVX512_BF16 or AMX; on an AMD Zen 5 it ran BERT-base 1.8x faster
 than in f32, its outputs 5e-3 of their scale from ONNX Runtime's instead of 1e-6), so it is timed with
 ``INFERENCE_PRECISION_HINT=f32``, and its default precision is reported as a row of its own where that differs.
+
+A runtime that fails on a model (it refuses an operator, or a bug of its own) is reported as missing with its
+one-line error: the benchmark goes on with the others, and a zoo run with the next model.
 """
 
 from __future__ import annotations
@@ -58,14 +61,19 @@ def onnxruntime_peer(path: str, feed: dict[str, np.ndarray], threads: int, repea
         import onnxruntime as ort
     except ImportError:
         return PeerResult("ONNX Runtime", missing="pip install onnxruntime (the bench extra)")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    outputs = session.run(None, feed)
-    mean, median = time_calls(lambda: session.run(None, feed), repeat)
-    return PeerResult(f"ONNX Runtime {ort.__version__}", mean, median, list(outputs))
+    name = f"ONNX Runtime {ort.__version__}"
+
+    def run() -> PeerResult:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        outputs = session.run(None, feed)
+        mean, median = time_calls(lambda: session.run(None, feed), repeat)
+        return PeerResult(name, mean, median, list(outputs))
+
+    return _reported(name, run)
 
 
 def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: int,
@@ -77,18 +85,41 @@ def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: 
         import openvino as ov
     except ImportError:
         return PeerResult("OpenVINO", missing="pip install openvino (the bench extra)")
-    core = ov.Core()
-    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                  "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision})
-    request = compiled.create_infer_request()
-    by_name = {port.any_name: feed[port.any_name] for port in compiled.inputs}
-    result = request.infer(by_name)
-    outputs = [np.asarray(result[port]) for port in compiled.outputs]
-    mean, median = time_calls(lambda: request.infer(by_name), repeat)
     name = f"OpenVINO {ov.__version__.split('-')[0]}"
     if precision != "f32":
         name += f" ({precision}, its default here)"
-    return PeerResult(name, mean, median, outputs, precision=precision)
+
+    def run() -> PeerResult:
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                      "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision})
+        request = compiled.create_infer_request()
+        by_port = {port: feed[_feed_name(port.get_names(), feed)] for port in compiled.inputs}
+        result = request.infer(by_port)
+        outputs = [np.asarray(result[port]) for port in compiled.outputs]
+        mean, median = time_calls(lambda: request.infer(by_port), repeat)
+        return PeerResult(name, mean, median, outputs, precision=precision)
+
+    return _reported(name, run, precision)
+
+
+def _feed_name(names: set[str], feed: dict[str, np.ndarray]) -> str:
+    """The model input among a port's tensor names. A port has several names when OpenVINO merged the input
+    with what it feeds (GPT-2's ``input_ids`` port was also ``/net/Reshape_output_0``), and ``any_name``
+    may pick the other one."""
+    found = sorted(n for n in names if n in feed)
+    if not found:
+        raise KeyError(f"no input named {' or '.join(sorted(names))} (the model's inputs: {', '.join(feed)})")
+    return found[0]
+
+
+def _reported(name: str, run: Callable[[], PeerResult], precision: str = "f32") -> PeerResult:
+    """``run()``, or the runtime reported as missing with its one-line error when it fails."""
+    from ..errors import short_message
+    try:
+        return run()
+    except Exception as err:  # a runtime's own failure, whatever its type: it must not end the benchmark
+        return PeerResult(name, missing=f"failed: {short_message(err)}", precision=precision)
 
 
 def openvino_default_precision() -> Optional[str]:
