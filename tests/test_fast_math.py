@@ -221,6 +221,44 @@ def test_hardswish_hardsigmoid_and_rsqrt_vectorize_through_the_pipeline():
 
 
 # ------------------------------------------------------------------------------------------------ the pass
+def test_constant_powers_are_products_without_libm_calls():
+    """GPT-2's tanh-GELU cubes x with Pow, a scalar powf call an element (17 of its 73 ms); exponents 2, 3, 4
+    become products and 0.5 a sqrt, any other exponent keeps the exact operator."""
+    x = relax.Var("x", relax.TensorType((8, 64), "float32"))
+    bb = relax.BlockBuilder()
+    c = lambda v: relax.const(v, "float32")  # noqa: E731
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            outs = [bb.emit(relax.op.power(x, c(e))) for e in (2.0, 3.0, 4.0)]
+            outs.append(bb.emit(relax.op.power(relax.op.abs(x), c(0.5))))
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    other = fast_math.use_fast_math(tvm.IRModule({"main": _power_of(1.7)})).script()
+    assert "R.power" in other  # not a product: exact
+    net = Network("powers", mod, (TensorSpec("x", (8, 64), "float32"),), (), 8, "")
+    target = ASM_TARGETS["haswell"]
+    ex = extract(net, target)
+    assert "power" not in " ".join(t.name for t in ex.tasks)
+    exe = build(apply_schedules(ex.mod, ex.tasks, {}, target=target), target)
+    assert not {f for f in _calls(exe.mod.imports[0].inspect_source("asm")) if LIBM.match(f)}
+    inputs = net.random_inputs(0)
+    got = run(exe, ex.network, inputs, target)
+    v = inputs[0].astype(np.float64)
+    for g, want in zip(got, (v ** 2, v ** 3, v ** 4, np.abs(v) ** 0.5)):
+        assert np.abs(g - want).max() <= 1e-6 * max(1.0, np.abs(want).max())
+
+
+def _power_of(exponent: float) -> relax.Function:
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.power(x, relax.const(exponent, "float32")))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
+
+
 def test_flops_count_each_operation_once():
     """The expressions bind shared values (Let), so the ComputeDAG counts ~20-40 FLOPs an element, not the
     hundreds a tree that repeats exp's reduced argument in each polynomial step would have."""
