@@ -127,6 +127,17 @@ def test_zoo_weights_make_the_output_depend_on_the_input():
     assert zoo.input_dependence(*outputs) > 10 * zoo.INPUT_DEPENDENCE  # 2.5e-2; 3e-11 with its own weights
 
 
+def test_a_chaotic_model_is_refused_and_efficientnet_v2_s_is_not_chaotic():
+    """He-normal weights made EfficientNet-V2-S's outputs (1e6) move by a quarter when its input moved by one
+    part in a million: its tuned build then failed the check against the default build after 10 minutes."""
+    pytest.importorskip("torchvision", reason="building the zoo's models needs torchvision (the zoo extra)")
+    import torch
+    model = zoo.BY_NAME["efficientnet_v2_s"]
+    with pytest.raises(AnsorError, match="chaotic: scaling its input by 1 \\+ 1e-06 moves"):
+        zoo._check_input_dependence(model, lambda x: torch.sin(x * 1e9))
+    zoo._check_input_dependence(model, zoo.build_module(model))  # with its gain: stable, and input-dependent
+
+
 def _report(name: str, ms: float) -> ModelReport:
     from ansor.networks import OutputComparison
     report = ModelReport(name, tuning_s=30.0, trials=64, tuned_ms=ms, default_ms=2 * ms)
