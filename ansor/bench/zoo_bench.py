@@ -124,7 +124,7 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
     result = ZooResult(model)
     log = log_path(work, model.name)
     tuned = not needs_tuning(work, model.name, args.minutes)
-    if getattr(args, "reuse_timings", False) and tuned and status.row and status.minutes == args.minutes:
+    if args.reuse_timings and tuned and status.row and status.minutes == args.minutes:
         say(f"{model.name}: timed on {status.timed or 'an earlier day'}; its stored row goes into the table")
         return ZooResult(model, resumed=True, stored=StoredRow(tuple(status.row), status.ratio, status.timed))
     stage = "export"
