@@ -9,8 +9,9 @@ trials, or the last failure, and the model's row of the table from its last timi
 every model again from its log; with ``--reuse-timings`` it takes the stored row of a model already timed
 instead. Every row's ratio is measured in turn within its own run, against runtimes timed in the same rounds,
 so a table assembled from several runs (the whole zoo takes longer than a machine stays free) compares each
-model fairly; the rows are not comparable with each other to a few percent. A tuning killed mid-run is started afresh (its partial log kept aside as
-``<name>.interrupted.json``): a log's records before and after a restart would make no single tuning curve.
+model fairly; the rows are not comparable with each other to a few percent. A tuning killed mid-run is
+started afresh (its partial log kept aside as ``<name>.interrupted.json``): a log's records before and after
+a restart would make no single tuning curve.
 
 A model that cannot be exported, imported, built or tuned gets its row with the one-line error, and the run
 goes on to the next model: the table says what works as much as how fast it runs.

@@ -36,6 +36,7 @@ tests/test_fast_math.py. Other dtypes keep the exact operators.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Callable, Optional
 
 import tvm
@@ -215,10 +216,10 @@ class _FastMath(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
         self.bindings: dict = {}  # the function's variables and their values, before any rewrite
-        self.counts: dict[str, int] = {}
+        self.counts: Counter[str] = Counter()
 
     def _emit(self, name: str, compute: Callable[[te.Tensor], te.Tensor], arg: relax.Expr) -> relax.Expr:
-        self.counts[name] = self.counts.get(name, 0) + 1
+        self.counts[name] += 1
         return self.builder_.call_te(compute, arg, primfunc_name_hint=f"fast_{name}")
 
     def _silu_operand(self, call: relax.Call) -> Optional[relax.Expr]:
@@ -241,7 +242,7 @@ class _FastMath(relax.PyExprMutator):
         value = float(data.reshape(-1)[0]) if data.size == 1 and data.ndim <= x.ty.ndim else None  # no broadcast
         if value not in (0.5, *POWER_PRODUCTS):
             return None
-        self.counts["power"] = self.counts.get("power", 0) + 1
+        self.counts["power"] += 1
         if value == 0.5:
             return relax.op.sqrt(x)
         square = self.builder_.emit(relax.op.multiply(x, x))
