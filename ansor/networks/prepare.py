@@ -10,9 +10,11 @@ CPU search does best on NHWC convolutions, and the schedule may choose each cons
    the model's edges, and the weight transposes are folded into the constants here (numpy, not TVM's
    ``FoldConstant``, which compiles a kernel per weight: 18 s for ResNet-50, against 0.6 s). TVM's ONNX
    ``Clip`` is turned back into Relax operators first, or layout conversion stops at every ReLU6.
-3. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
+3. **Convolutions that mostly read padding are cut into regions** (:mod:`.padding_taps`) that compute only
+   the kernel taps in bounds: DeepLabV3's dilation-36 ASPP convolution on a 33x33 map becomes a 1x1 one.
+4. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
    them direct): 16 multiply-adds per output tile and channel pair instead of 36.
-4. **Fast math** (:mod:`.fast_math`, ``fast_math=False`` keeps the exact operators): float32 ``exp``,
+5. **Fast math** (:mod:`.fast_math`, ``fast_math=False`` keeps the exact operators): float32 ``exp``,
    ``sigmoid``, SiLU, ``tanh``, ``erf``, GELU and softmax become vectorizable versions (a few ulps; NaN and
    ±inf as the exact functions). LLVM calls libm's scalar ``expf``/``erff`` per element otherwise: one
    BERT GELU over 128 x 3072 elements took 3.6 ms, a sigmoid epilogue ~3 ns an element.
@@ -34,6 +36,7 @@ from ..errors import short_message
 from .calls import called_prim_func
 from .fast_math import use_fast_math
 from .network import Network, NetworkError
+from .padding_taps import skip_padding_taps
 from .winograd import bound_constant, winograd_convs
 
 logger = logging.getLogger("ansor")
@@ -60,6 +63,7 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
         if converted:
             mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "HWIO"]})(mod)
             mod = fold_constants(mod)
+        mod = skip_padding_taps(mod)
         if winograd:
             mod = winograd_convs(mod)
         if fast_math:
