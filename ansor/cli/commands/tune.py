@@ -214,7 +214,9 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
     if not cmp_.ok:
         print(f"error: the tuned build's output differs from the default build's: max |difference| "
               f"{cmp_.max_abs_error:.3g} > allowed {cmp_.atol + cmp_.rtol * cmp_.scale:.3g} "
-              f"(output scale {cmp_.scale:.3g}); a schedule in {where} is wrong", file=sys.stderr)
+              f"(output scale {cmp_.scale:.3g}); a schedule in {where} is wrong, or the network amplifies float "
+              "rounding differences that much (then its output also moves under a 1e-6 change of the input)",
+              file=sys.stderr)
         return EXIT_FAILED
     if args.export:
         from ...relax import export_network
