@@ -9,6 +9,7 @@ import tvm
 
 from ansor.state.loop_nest import AttachKind
 from ansor.state.access import IterKind
+from ansor.state.transform_steps import SplitStep
 from ansor.task import program
 from ansor.task.search_task import SearchTask
 from ansor.sketch import annotation
@@ -72,6 +73,38 @@ def test_factorizations():
     assert set(factorizations(8, 2)) == {(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2),
                                          (8, 1)}
     assert all(f[-1] <= 64 for f in factorizations(512, 3))
+
+
+def test_padded_extents_round_up_to_small_multiples_with_little_waste():
+    assert annotation.padded_extents(197) == (198, 200, 208)  # 208: 5.6 % padding
+    assert annotation.padded_extents(60) == (64,)
+    assert annotation.padded_extents(7) == ()  # 8 would pad 14 %
+    assert annotation.padded_extents(3072) == ()
+
+
+def _row_products(states, extent: int) -> list[int]:
+    return [int(np.prod(s.lengths)) for st in states for s in st.steps
+            if isinstance(s, SplitStep) and s.extent == extent and len(s.lengths) == 3]
+
+
+def test_rows_without_a_good_divisor_get_padded_tiles_that_compute_the_right_answer():
+    """A 197-row matmul (197 is prime) gets row tiles that do not divide 197 in some random programs; TVM
+    guards the last tile, so they still compute the product. The vectorized column split (60: it could pad
+    to 64) keeps tiles that divide it."""
+    task = SearchTask.from_workload("matmul-197x60x64", TARGET)
+    rng = random.Random(1)
+    population = sample_initial_population(task, generate_sketches(task), 200, rng)
+    rows = _row_products(population, 197)
+    padded = [st for st in population if any(p not in (1, 197) for p in _row_products([st], 197))]
+    assert 0.05 < len(padded) / len(population) < 0.5 and len(rows) >= len(population)
+    assert all(60 % p == 0 for p in _row_products(population, 60))
+    args = program.random_inputs(task, seed=2)
+    want = get_workload("matmul-197x60x64").reference(args[:-1])[-1]
+    for state in padded[:3]:
+        got = program.run_program(program.build_program(task, state), args)
+        np.testing.assert_allclose(got[-1], want, rtol=1e-4, atol=1e-4)
+    mutated = [mutate_tile_size(task, padded[0], rng) for _ in range(20)]
+    assert all(-(-197 // p) * p <= 208 for p in _row_products([m for m in mutated if m is not None], 197))
 
 
 def test_fits_registers_counts_accumulators_against_the_register_file():

@@ -41,7 +41,8 @@ class Mutator:
 
 def mutate_tile_size(task: SearchTask, state: State, rng: random.Random, thread_splits: bool = False
                      ) -> Optional[State]:
-    """Move a factor of one tile level to another level of the same split (the product stays the same).
+    """Move a factor of one tile level to another level of the same split (the product stays the same; for
+    a padded tiling, the padded extent).
 
     With ``thread_splits`` (CUDA sketches), a split of one length sets a thread count: the block limits
     (:func:`~ansor.sketch.gpu_annotation.fits_gpu`) bound it, not ``MAX_INNERMOST_FACTOR``.
@@ -55,7 +56,8 @@ def mutate_tile_size(task: SearchTask, state: State, rng: random.Random, thread_
     inner = 1
     for length in step.lengths:
         inner *= length  # type: ignore[operator]
-    levels = [step.extent // inner, *step.lengths] if step.inner_to_outer else [*step.lengths, step.extent // inner]
+    outer = -(-step.extent // inner)  # a padded tiling (annotation.padded_extents) keeps its padded product
+    levels = [outer, *step.lengths] if step.inner_to_outer else [*step.lengths, outer]
     src_choices = [k for k, v in enumerate(levels) if v > 1]
     if not src_choices or len(levels) < 2:
         return None
