@@ -15,16 +15,14 @@ only convolutions that compute at most :data:`MAX_USEFUL_SHARE` useful products 
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from .winograd import bound_constant
-
-logger = logging.getLogger("ansor")
+from .conv_rewrite import ConvRewrite, plain_nhwc, rewrite_convs
 
 #: A convolution is split when at most this share of its products read the input rather than padding.
 #: DeepLabV3-MobileNet-V3's ASPP convolutions (33x33x960 -> 256) compute 0.57 (dilation 12), 0.27
@@ -71,37 +69,15 @@ def useful_share(rows: list[Band], cols: list[Band], kernel: tuple[int, int]) ->
 def skip_padding_taps(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every eligible convolution that computes mostly padding (:data:`MAX_USEFUL_SHARE`)
     split into rectangles that compute only in-bounds taps."""
-    mutator = _SkipPaddingTaps(mod)
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    if mutator.count:
-        logger.info("%d convolutions split into regions that skip the taps reading padding", mutator.count)
-    return mutator.builder_.get()
-
-
-def _eligible(call: relax.Call, weight) -> bool:
-    """An NHWC/HWIO stride-1 convolution without groups, with a constant weight and static shapes."""
-    a = call.attrs
-    return (weight is not None and str(a.data_layout) == "NHWC" and str(a.kernel_layout) == "HWIO"
-            and str(a.out_layout) in ("NHWC", "") and int(a.groups) == 1
-            and [int(s) for s in a.strides] == [1, 1]
-            and all(isinstance(d, tvm.tirx.IntImm) for d in call.args[0].ty.shape))
+    return rewrite_convs(mod, _SkipPaddingTaps, "convolutions split into regions that skip the taps reading padding")
 
 
 @relax.expr_functor.mutator
-class _SkipPaddingTaps(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.count = 0
+class _SkipPaddingTaps(ConvRewrite):
 
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if getattr(call.op, "name", "") != "relax.nn.conv2d":
-            return call
-        weight = bound_constant(self, call.args[1])
-        if not _eligible(call, weight):
-            return call
+    def rewrite(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
+        if not plain_nhwc(call):
+            return None
         n, h, w, _ = (int(d) for d in call.args[0].ty.shape)
         _, out_h, out_w, channels = (int(d) for d in call.ty.shape)
         top, left = [int(p) for p in call.attrs.padding][:2]  # top, left, bottom, right
@@ -109,12 +85,10 @@ class _SkipPaddingTaps(relax.PyExprMutator):
         rows = bands(h, weight.shape[0], dil_h, top, out_h)
         cols = bands(w, weight.shape[1], dil_w, left, out_w)
         if useful_share(rows, cols, weight.shape[:2]) > MAX_USEFUL_SHARE:
-            return call
-        self.count += 1
+            return None
         out_dtype = str(call.ty.dtype)
         strips = [self._joined([self._region(call, weight, r, c, (top, left), (dil_h, dil_w), (n, channels),
                                              out_dtype) for c in cols], axis=2) for r in rows]
-        # returned unbound: an alias binding in between would be opaque to FuseOps
         return self._joined(strips, axis=1)
 
     def _joined(self, parts: list[relax.Expr], axis: int) -> relax.Expr:

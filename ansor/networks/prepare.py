@@ -36,8 +36,9 @@ from ..errors import short_message
 from .calls import called_prim_func
 from .fast_math import use_fast_math
 from .network import Network, NetworkError
+from .conv_rewrite import bound_constant
 from .padding_taps import skip_padding_taps
-from .winograd import bound_constant, winograd_convs
+from .winograd import winograd_convs
 
 logger = logging.getLogger("ansor")
 

@@ -20,14 +20,13 @@ shapes took less time as the three tasks than as one direct convolution, each tu
 
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import numpy as np
 import tvm
 from tvm import relax, te
 
-logger = logging.getLogger("ansor")
+from .conv_rewrite import ConvRewrite, plain_nhwc, rewrite_convs
 
 #: F(2x2, 3x3): input transform B^T, weight transform G, output transform A^T (Lavin and Gray, 2015).
 _BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype="float64")
@@ -49,13 +48,7 @@ _INJECTIVE = {"op_pattern": 2}
 
 def winograd_convs(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every eligible convolution (:func:`eligible`) computed by Winograd F(2x2, 3x3)."""
-    mutator = _WinogradConvs(mod)
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    if mutator.count:
-        logger.info("%d 3x3 convolutions computed by Winograd F(2x2, 3x3)", mutator.count)
-    return mutator.builder_.get()
+    return rewrite_convs(mod, _WinogradConvs, "3x3 convolutions computed by Winograd F(2x2, 3x3)")
 
 
 def eligible(call: relax.Call, weight) -> bool:
@@ -64,12 +57,9 @@ def eligible(call: relax.Call, weight) -> bool:
     if weight is None:
         return False
     a = call.attrs
-    return (str(a.data_layout) == "NHWC" and str(a.kernel_layout) == "HWIO"
-            and str(a.out_layout) in ("NHWC", "") and int(a.groups) == 1
-            and [int(s) for s in a.strides] == [1, 1] and [int(d) for d in a.dilation] == [1, 1]
+    return (plain_nhwc(call) and [int(d) for d in a.dilation] == [1, 1]
             and weight.shape[:2] == (3, 3) and min(weight.shape[2:]) >= MIN_CHANNELS and weight.dtype == np.float32
-            and str(call.args[0].ty.dtype) == "float32" and str(a.out_dtype) in ("", "None", "float32")
-            and all(isinstance(d, tvm.tirx.IntImm) for d in call.args[0].ty.shape))
+            and str(call.args[0].ty.dtype) == "float32" and str(a.out_dtype) in ("", "None", "float32"))
 
 
 def transform_weight(weight: np.ndarray) -> np.ndarray:
@@ -78,29 +68,12 @@ def transform_weight(weight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(u.reshape(_ALPHA * _ALPHA, *weight.shape[2:]).astype(weight.dtype))
 
 
-def bound_constant(mutator: relax.PyExprMutator, expr: relax.Expr) -> Optional[np.ndarray]:
-    """The value of ``expr`` if it is a tensor constant, or a variable ``mutator`` saw bound to one earlier
-    in the dataflow block (maybe a constant folded there); None otherwise."""
-    if isinstance(expr, relax.Var):
-        expr = mutator.lookup_binding(expr)
-    value = getattr(expr, "value", None)  # scalar constants (PrimValue) hold a Python number: not a tensor
-    return value.numpy() if isinstance(value, tvm.runtime.Tensor) else None
-
-
 @relax.expr_functor.mutator
-class _WinogradConvs(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.count = 0
+class _WinogradConvs(ConvRewrite):
 
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if getattr(call.op, "name", "") != "relax.nn.conv2d":
-            return call
-        weight = bound_constant(self, call.args[1])
+    def rewrite(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         if not eligible(call, weight):
-            return call
-        self.count += 1
+            return None
         pad = [int(p) for p in call.attrs.padding]  # top, left, bottom, right
         n, h, w, _ = (int(d) for d in call.args[0].ty.shape)
         out_h, out_w = h + pad[0] + pad[2] - 2, w + pad[1] + pad[3] - 2
@@ -111,7 +84,6 @@ class _WinogradConvs(relax.PyExprMutator):
                                      primfunc_name_hint="winograd_input", primfunc_attrs=_INJECTIVE)
         u = transform_weight(weight)
         product = self.builder_.emit(relax.op.matmul(data, relax.const(u, "float32")))
-        # returned unbound: an alias binding in between would be opaque to FuseOps
         return self.builder_.call_te(_output_transform, product, (n, out_h, out_w), tiles,
                                      primfunc_name_hint="winograd_output", primfunc_attrs=_INJECTIVE)
 
