@@ -54,8 +54,12 @@ def _dilated_network(shape, dilation, padding, channels=8) -> Network:
 def test_network_with_padding_taps_skipped_computes_the_same_outputs(shape, dilation, padding, convs):
     net = _dilated_network(shape, dilation, padding)
     kernels = []
-    relax.analysis.post_order_visit(prepare(net).mod["main"], lambda e: kernels.append(
-        [int(d) for d in e.args[1].ty.shape][:2]) if getattr(getattr(e, "op", None), "name", "") == "relax.nn.conv2d" else None)
+
+    def visit(expr) -> None:
+        if getattr(getattr(expr, "op", None), "name", "") == "relax.nn.conv2d":
+            kernels.append([int(d) for d in expr.args[1].ty.shape][:2])
+
+    relax.analysis.post_order_visit(prepare(net).mod["main"], visit)
     assert len(kernels) == convs and all(h * w < 9 for h, w in kernels), kernels
     ex = extract(net, TARGET)
     executable = build(apply_schedules(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
