@@ -12,7 +12,7 @@ import pytest
 from ansor.bench import zoo
 from ansor.errors import AnsorError
 from ansor.bench.docs import Provenance
-from ansor.bench.network_report import OURS, ModelReport, TaskRow
+from ansor.bench.network_report import DEFAULT, OURS, ModelReport, TaskRow, result_cells
 from ansor.bench.peers import PeerResult
 from ansor.bench.zoo_bench import (ZooResult, ZooStatus, bench_zoo_model, log_path, needs_tuning, read_status,
                                    status_path, write_status, write_zoo_docs, zoo_row, zoo_rows)
@@ -146,6 +146,21 @@ def _report(name: str, ms: float) -> ModelReport:
     report.breakdown = [TaskRow("conv", 1, ms / 2, ms / 4, 10.0)]
     report.vs_ort = OutputComparison(1e-6, 1.0, 1e-4, 1e-5)
     return report
+
+
+def test_tuned_vs_default_is_taken_in_turn_when_the_default_build_ran_in_the_rounds():
+    """A host that slows down between two timings: one after the other the tuned build looks slower than the
+    default; the rounds, in which both meet the same speed, give the real ratio. The default build is no
+    runtime: the ratio to the fastest runtime ignores it."""
+    report = _report("m", 19.0)
+    report.default_ms = 17.4  # timed after the host slowed down
+    report.rounds = {OURS: [14.3, 19.3], DEFAULT: [17.3, 23.1], "ONNX Runtime 1.x": [14.0, 18.8]}
+    assert report.tuned_vs_default() == pytest.approx(np.median([17.3 / 14.3, 23.1 / 19.3]))
+    assert report.in_turn_ratios() == pytest.approx([14.3 / 14.0, 19.3 / 18.8])
+    cells, _ = result_cells(report)
+    assert "1.20x in turn" in cells
+    del report.rounds[DEFAULT]
+    assert result_cells(report)[0][5] == "0.92x"
 
 
 def test_zoo_section_is_replaced_not_duplicated(tmp_path):

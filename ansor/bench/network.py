@@ -56,7 +56,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import AnsorError, short_message
 from .docs import Provenance
-from .network_report import OURS, ModelReport, TaskRow, plot, print_report, write_docs
+from .network_report import DEFAULT, OURS, ModelReport, TaskRow, plot, print_report, write_docs
 from .peak import cpu_description, measure_peak
 from .peers import (PeerResult, compare_all, max_difference, onnxruntime_peer, openvino_default_precision,
                     openvino_peer, torch_peer)
@@ -143,10 +143,10 @@ def tuning_curve(extraction, log: Path, start: float, minutes: float, checkpoint
 
 
 def evaluate(report: ModelReport, extraction, log: Path, start: float, target, repeat: int, pause: float,
-             work: Path, checkpoints: tuple[float, ...] = CHECKPOINTS, default: Any = None) -> tuple[Any, list]:
+             work: Path, checkpoints: tuple[float, ...] = CHECKPOINTS, default: Any = None) -> tuple[Any, Any, list]:
     """Time the builds along the tuning curve (minutes since the tuning command started, up to its last
     measurement; none without ``checkpoints``), the final tuned build and the default build (``default``,
-    when already built); returns the tuned build and its outputs."""
+    when already built); returns the tuned build, the default build and the tuned build's outputs."""
     from ..networks import apply_schedules, apply_history_best, build, profile_calls, run, time_network
     from ..log.records import load_records
     net = extraction.network
@@ -165,19 +165,20 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
     time.sleep(pause)
     report.default_ms = time_network(default, net, target=target, repeat=repeat).median_ms
     report.curve.insert(0, (0.0, report.default_ms))  # before any tuning: every task's default schedule
-    return tuned, run(tuned, net, net.random_inputs(0), target)
+    return tuned, default, run(tuned, net, net.random_inputs(0), target)
 
 
-def alternate(report: ModelReport, tuned, extraction, onnx: Path, feed: dict, threads: int, rounds: int,
+def alternate(report: ModelReport, tuned, default, extraction, onnx: Path, feed: dict, threads: int, rounds: int,
               repeat: int, pause: float, target) -> None:
-    """Time the tuned build, ONNX Runtime and OpenVINO in turn, ``rounds`` times. On a shared machine a burst
-    of load can land on one timing of one contender; taken in turn, every contender meets the same bursts,
-    and the per-round medians and wins are the comparison to trust."""
+    """Time the tuned build, the default build, ONNX Runtime and OpenVINO in turn, ``rounds`` times. On a
+    shared machine a burst of load can land on one timing of one contender; taken in turn, every contender
+    meets the same bursts, and the per-round medians and wins are the comparison to trust."""
     from ..networks import time_network
     for _ in range(rounds):
-        time.sleep(pause)
-        ms = time_network(tuned, extraction.network, target=target, repeat=repeat).median_ms
-        report.rounds.setdefault(OURS, []).append(ms)
+        for name, executable in ((OURS, tuned), (DEFAULT, default)):
+            time.sleep(pause)
+            ms = time_network(executable, extraction.network, target=target, repeat=repeat).median_ms
+            report.rounds.setdefault(name, []).append(ms)
         for peer in (onnxruntime_peer, openvino_peer):
             time.sleep(pause)
             result = peer(str(onnx), feed, threads, repeat)
@@ -237,8 +238,8 @@ def measure(report: ModelReport, onnx: Path, extraction, log: Path, start: float
     the in-turn rounds and the outputs' agreement with ONNX Runtime's."""
     net = extraction.network
     name = report.name
-    tuned, outputs = evaluate(report, extraction, log, start, target, args.repeat, args.pause, work, checkpoints,
-                              default)
+    tuned, default, outputs = evaluate(report, extraction, log, start, target, args.repeat, args.pause, work,
+                                       checkpoints, default)
     breakdown(report, extraction, log, target)
     feed = {spec.name: array for spec, array in zip(net.inputs, net.random_inputs(0))}
     ov_default = openvino_default_precision()
@@ -259,7 +260,8 @@ def measure(report: ModelReport, onnx: Path, extraction, log: Path, start: float
         report.peers.append(PeerResult(f"MetaSchedule, {report.trials} trials ({wall / 60:.0f} min)", ms.mean_ms,
                                        ms.median_ms))
     if args.rounds:
-        alternate(report, tuned, extraction, onnx, feed, threads, args.rounds, args.repeat, args.pause, target)
+        alternate(report, tuned, default, extraction, onnx, feed, threads, args.rounds, args.repeat, args.pause,
+                  target)
     ort = next((p for p in report.peers if p.outputs is not None and p.name.startswith("ONNX")), None)
     if ort is not None:
         report.error_vs_ort = max_difference(outputs, ort.outputs)

@@ -13,6 +13,7 @@ from .docs import Provenance, markdown_table, section_key, write_section
 from .peers import PeerResult
 
 OURS = "ansor, tuned"  # the tuned build's row among the in-turn timings
+DEFAULT = "ansor, default build"  # the untuned build's row among them (not a runtime to compare with)
 
 
 @dataclass
@@ -37,10 +38,18 @@ class ModelReport:
 
     def in_turn_ratios(self) -> list[float]:
         """Each round's ansor / fastest runtime (of that round), from the in-turn timings; [] without peers."""
-        peers = [ms for name, ms in self.rounds.items() if name != OURS]
+        peers = [ms for name, ms in self.rounds.items() if name not in (OURS, DEFAULT)]
         if OURS not in self.rounds or not peers:
             return []
         return [a / min(round_ms) for a, round_ms in zip(self.rounds[OURS], zip(*peers))]
+
+    def tuned_vs_default(self) -> float:
+        """How many times faster the tuned build is than the default build: the median of the rounds' ratios
+        where both were timed in turn (the host may change speed between two one-after-another timings:
+        DenseNet-121 read 0.91x so, 1.2x in turn), else the one-after-another ratio."""
+        if OURS in self.rounds and DEFAULT in self.rounds:
+            return float(np.median([d / t for t, d in zip(self.rounds[OURS], self.rounds[DEFAULT])]))
+        return self.default_ms / self.tuned_ms
 
     def fastest_f32(self) -> Optional[PeerResult]:
         """The fastest float32 runtime of the one-after-another timings, if any ran."""
@@ -92,6 +101,8 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
             print(f"ansor / fastest float32 runtime, in turn: median of the rounds' ratios {np.median(ratios):.2f} "
                   f"({' '.join(f'{r:.2f}' for r in ratios)}); faster than every runtime in "
                   f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds")
+        if DEFAULT in report.rounds:
+            print(f"tuned vs default build, in turn: {report.tuned_vs_default():.2f}x (median of the rounds' ratios)")
     if report.selection:
         last = f" (the build of every task's fastest measured state: {report.curve[-1][1]:.2f} ms, last point of " \
                "the curve)" if len(report.curve) > 1 else ""
@@ -147,8 +158,10 @@ RESULT_ALIGN = ">>>>>>>>"
 #: What the tables' columns mean, said once under each.
 RESULT_NOTE = ("Each model: batch 1, float32, every contender with this machine's physical cores as threads; "
                "\"in turn\" is the median of the per-round ratios of the tuned build, ONNX Runtime and OpenVINO "
-               "timed one after another; \"in network / alone\" is the tuned tasks' time inside the network over "
-               "their time alone during tuning.")
+               "timed one after another; \"tuned vs default\" likewise where it says \"in turn\" (the default "
+               "build in the same rounds), else the two builds timed one after the other; "
+               "\"in network / alone\" is the tuned tasks' time inside the network over their time alone during "
+               "tuning.")
 
 
 def result_cells(r: ModelReport) -> tuple[tuple[str, ...], float]:
@@ -159,7 +172,8 @@ def result_cells(r: ModelReport) -> tuple[tuple[str, ...], float]:
     ratio = float(np.median(turn)) if turn else (r.tuned_ms / fastest.median_ms if fastest else float("nan"))
     cells = (f"{r.tuned_ms:.2f}", f"{fastest.name} {fastest.median_ms:.2f}" if fastest else "none",
              f"**{ratio:.2f}**", f"{sum(x < 1 for x in turn)} of {len(turn)}" if turn else "-",
-             f"{r.default_ms:.2f}", f"{r.default_ms / r.tuned_ms:.2f}x", str(r.trials),
+             f"{r.default_ms:.2f}", f"{r.tuned_vs_default():.2f}x" + (" in turn" if DEFAULT in r.rounds else ""),
+             str(r.trials),
              f"{r.in_network_over_alone():.2f}")
     return cells, ratio
 
