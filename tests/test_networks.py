@@ -523,3 +523,25 @@ def test_onnx_package_missing_is_a_network_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnx", None)  # makes ``import onnx`` fail
     with pytest.raises(NetworkError, match="pip install"):
         load_onnx(tmp_path / "model.onnx")
+
+
+def test_ncdhw_convolutions_become_channels_last():
+    """A video CNN's NCDHW convolution is tuned in NDHWC with DHWIO weights, as 2D ones are in NHWC (R3D-18's
+    default build: 4.2 s in NCDHW, 0.22 s so); the network still computes the same outputs."""
+    x = relax.Var("x", relax.TensorType((1, 8, 4, 10, 10), "float32"))
+    w = relax.Var("w", relax.TensorType((16, 8, 3, 3, 3), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv3d(x, w, padding=1)))
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(0)
+    spec = TensorSpec("w", (16, 8, 3, 3, 3), "float32")
+    net = Network("c3d", bb.get(), (TensorSpec("x", (1, 8, 4, 10, 10), "float32"),), (spec,), 1, "NCHW",
+                  param_factory=lambda: {"w": rng.standard_normal(spec.shape).astype("float32")})
+    ex = extract(net, TARGET)
+    assert [t.name for t in ex.tasks] == ["fused_conv3d_relu [1,4,10,10,8]x[3,3,3,8,16]"]
+    executable = build(apply_schedules(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
+    comparison = compare_outputs(ex.network, executable, build(net.mod, TARGET, fused=False), TARGET,
+                                 reference_network=net)
+    assert comparison.ok, comparison
