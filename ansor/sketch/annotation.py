@@ -63,7 +63,8 @@ SPATIAL_SPLIT_LENGTHS = CPU_STRUCTURE.count("S") - 1
 #: :func:`padded_extents`: its tiles then need not divide it, and TVM guards the last one with a predicate.
 #: Why: ViT-B/16's matmuls have 197 rows, a prime, so no divisor gives a register block; its MLP-up matmul
 #: (197x768x3072) with only the best record's row split changed to 5-row blocks over 200 rows: 2.33 against
-#: 2.43 ms (AMD EPYC, znver5, 2 threads).
+#: 2.43 ms (AMD EPYC, znver5, 2 threads); tuned 10 minutes with padded tiles, all four of its matmuls' best
+#: programs are padded and 12-17 % faster than without (docs/design.md).
 P_PADDED_TILE = 0.25
 #: A padded tiling rounds the extent up to a multiple of one of these, and pads at most MAX_PAD_WASTE of it.
 PAD_MULTIPLES = (2, 4, 8, 16)
