@@ -46,14 +46,15 @@ class Band:
 
 def bands(size: int, kernel: int, dilation: int, pad_before: int, out_size: int) -> list[Band]:
     """One dimension of a stride-1 convolution cut where the set of in-bounds taps changes."""
-    def reach(k: int) -> tuple[int, int]:  # the outputs whose tap k reads inside the input
-        lo, hi = pad_before - k * dilation, size + pad_before - k * dilation
-        return min(max(lo, 0), out_size), min(max(hi, 0), out_size)
+    def clamp(position: int) -> int:
+        return min(max(position, 0), out_size)
 
-    cuts = sorted({0, out_size, *(edge for k in range(kernel) for edge in reach(k))})
+    # reach[k]: the outputs [lo, hi) whose tap k reads inside the input
+    reach = [(clamp(pad_before - k * dilation), clamp(size + pad_before - k * dilation)) for k in range(kernel)]
+    cuts = sorted({0, out_size, *(edge for span in reach for edge in span)})
     out = []
     for start, stop in zip(cuts, cuts[1:]):
-        taps = [k for k in range(kernel) if reach(k)[0] <= start and stop <= reach(k)[1]]
+        taps = [k for k, (lo, hi) in enumerate(reach) if lo <= start and stop <= hi]
         out.append(Band(start, stop, taps[0], taps[-1]) if taps else Band(start, stop, 1, 0))
     return out
 
@@ -75,21 +76,18 @@ def skip_padding_taps(mod: tvm.IRModule) -> tvm.IRModule:
 
 @relax.expr_functor.mutator
 class _SkipPaddingTaps(ConvRewrite):
-
     def rewrite(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         if not plain_nhwc(call):
             return None
-        n, h, w, _ = (int(d) for d in call.args[0].ty.shape)
-        _, out_h, out_w, channels = (int(d) for d in call.ty.shape)
+        _, h, w, _ = (int(d) for d in call.args[0].ty.shape)
+        _, out_h, out_w, _ = (int(d) for d in call.ty.shape)
         top, left = [int(p) for p in call.attrs.padding][:2]  # top, left, bottom, right
         dil_h, dil_w = (int(d) for d in call.attrs.dilation)
         rows = bands(h, weight.shape[0], dil_h, top, out_h)
         cols = bands(w, weight.shape[1], dil_w, left, out_w)
         if useful_share(rows, cols, weight.shape[:2]) > MAX_USEFUL_SHARE:
             return None
-        out_dtype = str(call.ty.dtype)
-        strips = [self._joined([self._region(call, weight, r, c, (top, left), (dil_h, dil_w), (n, channels),
-                                             out_dtype) for c in cols], axis=2) for r in rows]
+        strips = [self._joined([self._region(call, weight, r, c) for c in cols], axis=2) for r in rows]
         return self._joined(strips, axis=1)
 
     def _joined(self, parts: list[relax.Expr], axis: int) -> relax.Expr:
@@ -98,10 +96,12 @@ class _SkipPaddingTaps(ConvRewrite):
             return parts[0]
         return relax.op.concat([self.builder_.emit(p) for p in parts], axis=axis)
 
-    def _region(self, call: relax.Call, weight: np.ndarray, r: Band, c: Band, pad: tuple[int, int],
-                dilation: tuple[int, int], batch_channels: tuple[int, int], out_dtype: str) -> relax.Expr:
+    def _region(self, call: relax.Call, weight: np.ndarray, r: Band, c: Band) -> relax.Expr:
         """The convolution over output rows ``r`` and columns ``c``, with their in-bounds taps only (unbound)."""
-        n, channels = batch_channels
+        n, _, _, channels = (int(d) for d in call.ty.shape)
+        out_dtype = str(call.ty.dtype)
+        pad = [int(p) for p in call.attrs.padding][:2]
+        dilation = [int(d) for d in call.attrs.dilation]
         if r.first > r.last or c.first > c.last:
             return relax.op.zeros((n, r.stop - r.start, c.stop - c.start, channels), out_dtype)
         begin = [r.start - pad[0] + r.first * dilation[0], c.start - pad[1] + c.first * dilation[1]]
