@@ -4,7 +4,7 @@ constant, offered to a subclass's :meth:`ConvRewrite.rewrite` (Winograd, skipped
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import tvm
@@ -54,7 +54,7 @@ class ConvRewrite(relax.PyExprMutator):
         raise NotImplementedError
 
 
-def rewrite_convs(mod: tvm.IRModule, rewrite: type, done: str) -> tvm.IRModule:
+def rewrite_convs(mod: tvm.IRModule, rewrite: Callable[[tvm.IRModule], ConvRewrite], done: str) -> tvm.IRModule:
     """``mod`` with every Relax function walked by ``rewrite`` (a decorated :class:`ConvRewrite`); ``done``
     says what it did, for the log line ("3x3 convolutions computed by Winograd F(2x2, 3x3)")."""
     mutator = rewrite(mod)

@@ -23,7 +23,7 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
 from ..errors import AnsorError, short_message
 from ..task.search_task import SearchTask
-from ..target import device_kind, parse_target
+from ..target import device_kind, hardware_params, parse_target
 from .calls import CALL_TIR_OPS
 from .flatten import flatten_rows, is_reshape
 from .network import Network, NetworkError
@@ -179,7 +179,8 @@ def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] 
     """
     target = parse_target(target)
     if device_kind(target).prepare_network:
-        network = prepare(network, layout=layout, winograd=winograd, fast_math=fast_math)
+        network = prepare(network, layout=layout, winograd=winograd, fast_math=fast_math,
+                          vector_bytes=hardware_params(target).vector_unit_bytes)
     mod = fuse(network.mod, target)
     counts, n_outputs = call_counts(mod)
     groups: dict[int, list[tuple[str, tvm.tirx.PrimFunc]]] = {}

@@ -12,9 +12,12 @@ CPU search does best on NHWC convolutions, and the schedule may choose each cons
    ``Clip`` is turned back into Relax operators first, or layout conversion stops at every ReLU6.
 3. **Convolutions that mostly read padding are cut into regions** (:mod:`.padding_taps`) that compute only
    the kernel taps in bounds: DeepLabV3's dilation-36 ASPP convolution on a 33x33 map becomes a 1x1 one.
-4. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
+4. **Output channels fill whole vectors** (:mod:`.channel_padding`, given the target's vector width): a
+   convolution with a long reduction whose output channels are not a multiple of the vector length (a
+   classifier's 1000 on AVX-512) computes zero channels up to one, and a slice drops them.
+5. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
    them direct): 16 multiply-adds per output tile and channel pair instead of 36.
-5. **Fast math** (:mod:`.fast_math`, ``fast_math=False`` keeps the exact operators): float32 ``exp``,
+6. **Fast math** (:mod:`.fast_math`, ``fast_math=False`` keeps the exact operators): float32 ``exp``,
    ``sigmoid``, SiLU, ``tanh``, ``erf``, GELU and softmax become vectorizable versions (a few ulps; NaN and
    ±inf as the exact functions). LLVM calls libm's scalar ``expf``/``erff`` per element otherwise: one
    BERT GELU over 128 x 3072 elements took 3.6 ms, a sigmoid epilogue ~3 ns an element.
@@ -34,6 +37,7 @@ from tvm import relax, te, topi
 
 from ..errors import short_message
 from .calls import called_prim_func
+from .channel_padding import pad_output_channels
 from .fast_math import use_fast_math
 from .network import Network, NetworkError
 from .conv_rewrite import bound_constant
@@ -50,8 +54,9 @@ CHANNELS_LAST = {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv3d": ["NDHWC
 
 
 def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, fast_math: bool = True,
-            winograd: bool = True) -> Network:
-    """The network ready for extraction on a CPU (see the module notes); ``network`` is left unchanged."""
+            winograd: bool = True, vector_bytes: int = 0) -> Network:
+    """The network ready for extraction on a CPU (see the module notes); ``network`` is left unchanged.
+    ``vector_bytes`` is the width of the CPU's vector registers (0: output channels are never padded)."""
     if layout not in LAYOUTS:
         raise NetworkError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     mod = network.mod
@@ -68,6 +73,8 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
             mod = relax.transform.ConvertLayout(CHANNELS_LAST)(mod)
             mod = fold_constants(mod)
         mod = skip_padding_taps(mod)
+        if vector_bytes:
+            mod = pad_output_channels(mod, vector_bytes)
         if winograd:
             mod = winograd_convs(mod)
         if fast_math:
