@@ -103,6 +103,18 @@ def test_refit_fits_the_splits_of_another_size():
     assert space_of(large.target).check(large, state) is None  # TVM replays it
 
 
+def test_refit_pads_a_row_split_whose_extent_has_no_divisor_near_the_recorded_tiles():
+    """97 rows (a prime) take 16-row tiles as 20-row tiles over 100; the vectorized columns never pad."""
+    small, large = (ansor.SearchTask.from_workload(f"matmul-{m}x64x64", AVX2) for m in (64, 97))
+    state = refit(large, tiled(small, 16, 32).steps)
+    splits = [s for s in state.steps if isinstance(s, SplitStep)]
+    assert [(s.extent, s.lengths) for s in splits] == [(97, (20,)), (64, (32,))]
+    assert space_of(large.target).check(large, state) is None
+    wide = ansor.SearchTask.from_workload("matmul-64x97x64", AVX2)
+    cols = [s for s in refit(wide, tiled(small, 16, 32).steps).steps if isinstance(s, SplitStep)][1]
+    assert 97 % math.prod(cols.lengths) == 0  # the last (vectorized) split divides its extent
+
+
 def test_refit_names_the_argument_another_model_reads_at_the_same_place():
     """A record's layout rewrite names the argument of the model it was tuned on; another model's task
     of the same operator reads it under another name (BERT's ``B``, ViT's ``permute_dims``)."""

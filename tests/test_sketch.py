@@ -10,6 +10,7 @@ import tvm
 from ansor.state.loop_nest import AttachKind
 from ansor.state.access import IterKind
 from ansor.state.transform_steps import SplitStep
+from ansor.state.transform_steps.split import padded_extents
 from ansor.task import program
 from ansor.task.search_task import SearchTask
 from ansor.sketch import annotation
@@ -76,10 +77,10 @@ def test_factorizations():
 
 
 def test_padded_extents_round_up_to_small_multiples_with_little_waste():
-    assert annotation.padded_extents(197) == (198, 200, 208)  # 208: 5.6 % padding
-    assert annotation.padded_extents(60) == (64,)
-    assert annotation.padded_extents(7) == ()  # 8 would pad 14 %
-    assert annotation.padded_extents(3072) == ()
+    assert padded_extents(197) == (198, 200, 208)  # 208: 5.6 % padding
+    assert padded_extents(60) == (64,)
+    assert padded_extents(7) == ()  # 8 would pad 14 %
+    assert padded_extents(3072) == ()
 
 
 def _row_products(states, extent: int) -> list[int]:

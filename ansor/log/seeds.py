@@ -28,7 +28,8 @@ from ..errors import AnsorError, RecordError, StepError
 from ..state.loop_state import State
 from ..state.transform_steps import Step
 from ..state.transform_steps.layout import LayoutRewriteStep
-from ..state.transform_steps.split import SplitStep, divisors
+from ..state.access import IterKind
+from ..state.transform_steps.split import SplitStep, divisors, padded_extents
 from ..state.transform_steps.stages import CacheReadStep
 from ..target import shipped_file
 from ..task.search_task import SearchTask
@@ -59,7 +60,10 @@ def signature(task: SearchTask) -> str:
 
 def refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask] = None) -> State:
     """``steps`` applied to ``task``, each split's lengths re-fitted to the loop it now splits: from the
-    innermost part out, the divisor of what is left of the extent nearest the recorded length.
+    innermost part out, the divisor of what is left of the extent nearest the recorded length. A spatial
+    split other than its stage's last (vectorized) one may instead be fitted to one of the extent's
+    :func:`~ansor.state.transform_steps.split.padded_extents`, where that comes nearer the recorded
+    lengths: ViT-B/16's 197 rows (a prime) take BERT's 128-row tiles as tiles of 200 rows, not one row.
 
     ``source`` is the task the steps were recorded on. A step that names an argument (a layout rewrite, a
     cache read) then names the one ``task``'s stage reads at the same place: models name their arguments
@@ -67,20 +71,33 @@ def refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask] 
 
     Raises :class:`~ansor.errors.StepError` when a step does not fit ``task``.
     """
+    state, spatial = _refit(task, steps, source, frozenset())
+    last = {stage_id: k for k, stage_id in spatial}
+    paddable = frozenset(k for k, stage_id in spatial if last[stage_id] != k)
+    return _refit(task, steps, source, paddable)[0] if paddable else state
+
+
+def _refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask],
+           paddable: frozenset[int]) -> tuple[State, list[tuple[int, int]]]:
+    """The re-fitted state, with the ``(step index, stage id)`` of every split of a spatial loop; the
+    splits at indices in ``paddable`` may be fitted to a padded extent."""
     state = task.compute_dag.init_state()
     origin = source.compute_dag.init_state() if source is not None else None
-    for step in steps:
+    spatial = []
+    for k, step in enumerate(steps):
         fitted = step
         if isinstance(step, SplitStep) and None not in step.lengths:
-            extent = state.checked_iter(step.stage_id, step.iter_id).extent
-            if extent is not None and extent != step.extent:
-                fitted = replace(step, extent=extent, lengths=_fit_lengths(extent, step.lengths))
+            it = state.checked_iter(step.stage_id, step.iter_id)
+            if it.kind == IterKind.SPATIAL:
+                spatial.append((k, step.stage_id))
+            if it.extent is not None and it.extent != step.extent:
+                fitted = replace(step, extent=it.extent, lengths=_fit_lengths(it.extent, step, k in paddable))
         elif origin is not None and isinstance(step, (LayoutRewriteStep, CacheReadStep)):
             fitted = replace(step, buffer=_same_read(origin, state, step.stage_id, step.buffer))
         if origin is not None:
             origin.apply(step)
         state.apply(fitted)
-    return state
+    return state, spatial
 
 
 def _same_read(origin: State, state: State, stage_id: int, buffer: str) -> str:
@@ -92,13 +109,23 @@ def _same_read(origin: State, state: State, stage_id: int, buffer: str) -> str:
     return buffer
 
 
-def _fit_lengths(extent: int, lengths: Sequence[int]) -> tuple[int, ...]:
-    left, fitted = extent, []
-    for length in reversed(lengths):
-        best = min(divisors(left), key=lambda d: (abs(math.log(d / length)), d))
-        fitted.append(best)
-        left //= best
-    return tuple(reversed(fitted))
+def _fit_lengths(extent: int, step: SplitStep, paddable: bool) -> tuple[int, ...]:
+    """``step``'s lengths fitted to ``extent`` or, if ``paddable``, to whichever of its padded extents
+    they fit with the least distance (the sum of the parts' log ratios, the outer part's included)."""
+    recorded = (-(-step.extent // math.prod(step.lengths)), *step.lengths)
+    best, best_distance = (), math.inf
+    for padded in (extent, *(padded_extents(extent) if paddable else ())):
+        left, fitted = padded, []
+        for length in reversed(step.lengths):
+            d = min(divisors(left), key=lambda d: (abs(math.log(d / length)), d))
+            fitted.append(d)
+            left //= d
+        lengths = tuple(reversed(fitted))
+        parts = (-(-extent // math.prod(lengths)), *lengths)
+        distance = sum(abs(math.log(a / b)) for a, b in zip(parts, recorded))
+        if distance < best_distance:
+            best, best_distance = lengths, distance
+    return best
 
 
 class ScheduleDatabase:

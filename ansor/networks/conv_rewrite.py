@@ -1,5 +1,6 @@
 """The walk the convolution rewrites of :mod:`.prepare` share: every ``conv2d`` call whose weight is a
-constant, offered to a subclass's :meth:`ConvRewrite.rewrite` (Winograd, skipped padding taps)."""
+constant, offered to a subclass's :meth:`ConvRewrite.rewrite` (Winograd, skipped padding taps, padded output
+channels)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from ..state.loop_nest import AttachKind
 from ..state.loop_state import Stage, State
 from ..task.search_task import SearchTask
 from ..state.transform_steps import SplitStep, consumers_beside
-from ..state.transform_steps.split import divisors
+from ..state.transform_steps.split import divisors, padded_extents
 from .rules import CPU_STRUCTURE, dag_stage, has_reduce_iter, is_output, is_rfactor_stage, needs_multi_level_tiling
 
 #: The innermost tile is at most this long (Ansor's default). Vectorized loops get up to 64 lanes, as in
@@ -66,9 +66,6 @@ SPATIAL_SPLIT_LENGTHS = CPU_STRUCTURE.count("S") - 1
 #: 2.43 ms (AMD EPYC, znver5, 2 threads); tuned 10 minutes with padded tiles, all four of its matmuls' best
 #: programs are padded and 12-17 % faster than without (docs/design.md).
 P_PADDED_TILE = 0.25
-#: A padded tiling rounds the extent up to a multiple of one of these, and pads at most MAX_PAD_WASTE of it.
-PAD_MULTIPLES = (2, 4, 8, 16)
-MAX_PAD_WASTE = 0.125
 
 
 @functools.lru_cache(maxsize=4096)
@@ -83,14 +80,6 @@ def factorizations(extent: int, n: int, max_innermost: int = MAX_INNERMOST_FACTO
             if lengths[-1] <= max_innermost:
                 out.append(lengths)
     return tuple(out)
-
-
-@functools.lru_cache(maxsize=4096)
-def padded_extents(extent: int) -> tuple[int, ...]:
-    """The extents a tiling of ``extent`` may pad it to: the next multiples of :data:`PAD_MULTIPLES`,
-    at most :data:`MAX_PAD_WASTE` longer (none for a multiple of 16: its divisors serve)."""
-    rounded = {-(-extent // m) * m for m in PAD_MULTIPLES} - {extent}
-    return tuple(sorted(p for p in rounded if p - extent <= MAX_PAD_WASTE * extent))
 
 
 def fill_tile_sizes(state: State, rng: random.Random, registers: Optional["RegisterFile"] = None) -> State:

@@ -56,7 +56,7 @@ def mutate_tile_size(task: SearchTask, state: State, rng: random.Random, thread_
     inner = 1
     for length in step.lengths:
         inner *= length  # type: ignore[operator]
-    outer = -(-step.extent // inner)  # a padded tiling (annotation.padded_extents) keeps its padded product
+    outer = -(-step.extent // inner)  # a padded tiling (split.padded_extents) keeps its padded product
     levels = [outer, *step.lengths] if step.inner_to_outer else [*step.lengths, outer]
     src_choices = [k for k, v in enumerate(levels) if v > 1]
     if not src_choices or len(levels) < 2:

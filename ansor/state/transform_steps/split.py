@@ -22,6 +22,20 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
+#: A padded tiling rounds the extent up to a multiple of one of these, and pads at most MAX_PAD_WASTE of it.
+PAD_MULTIPLES = (2, 4, 8, 16)
+MAX_PAD_WASTE = 0.125
+
+
+@functools.lru_cache(maxsize=4096)
+def padded_extents(extent: int) -> tuple[int, ...]:
+    """The extents a tiling of ``extent`` may pad it to, its tiles not dividing it (TVM guards the last
+    one): the next multiples of :data:`PAD_MULTIPLES`, at most :data:`MAX_PAD_WASTE` longer (none for a
+    multiple of 16: its divisors serve)."""
+    rounded = {-(-extent // m) * m for m in PAD_MULTIPLES} - {extent}
+    return tuple(sorted(p for p in rounded if p - extent <= MAX_PAD_WASTE * extent))
+
+
 class SplitLike(Step):
     """A step that splits one loop; subclasses say where its lengths come from (:meth:`resolve`)."""
 
