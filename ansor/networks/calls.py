@@ -1,4 +1,5 @@
-"""Swap PrimFuncs of a Relax module for new ones and rewrite every ``call_tir`` of them.
+"""Swap PrimFuncs of a Relax module for new ones and rewrite every ``call_tir`` of them; the walk every
+rewrite of a module's Relax functions shares (:func:`mutate_relax_functions`).
 
 A global variable keeps the type it was created with, so a PrimFunc of other argument shapes (flatten) or
 other argument types (packed weights, schedules) cannot be put under the old one: the old function is
@@ -38,8 +39,13 @@ def replace_prim_funcs(mod: tvm.IRModule, funcs: Mapping[str, tirx.PrimFunc],
         del mod[name]
     builder = relax.BlockBuilder(mod)
     new = {name: (builder.add_func(func, name), rewrite(name)) for name, func in funcs.items()}
-    mutator = _RewriteCalls(builder.get(), new)
-    for gv, func in list(builder.get().functions_items()):
+    return mutate_relax_functions(_RewriteCalls(builder.get(), new))
+
+
+def mutate_relax_functions(mutator: relax.PyExprMutator) -> tvm.IRModule:
+    """The module ``mutator`` was made on, each of its Relax functions replaced by what ``mutator`` makes
+    of it (the PrimFuncs it emits on the way are added by its builder)."""
+    for gv, func in list(mutator.builder_.get().functions_items()):
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     return mutator.builder_.get()

@@ -11,6 +11,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .calls import mutate_relax_functions
+
 logger = logging.getLogger("ansor")
 
 
@@ -59,9 +61,7 @@ def rewrite_convs(mod: tvm.IRModule, rewrite: Callable[[tvm.IRModule], ConvRewri
     """``mod`` with every Relax function walked by ``rewrite`` (a decorated :class:`ConvRewrite`); ``done``
     says what it did, for the log line ("3x3 convolutions computed by Winograd F(2x2, 3x3)")."""
     mutator = rewrite(mod)
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    mod = mutate_relax_functions(mutator)
     if mutator.count:
         logger.info("%d %s", mutator.count, done)
-    return mutator.builder_.get()
+    return mod

@@ -44,6 +44,7 @@ from tvm import relax, te, tirx
 from tvm.ir.expr import Expr as PrimExpr  # TVM 0.27 has one Expr class for TIR and Relax
 
 from ..task.te_ops import softmax_stages
+from .calls import mutate_relax_functions
 
 logger = logging.getLogger("ansor")
 
@@ -218,6 +219,10 @@ class _FastMath(relax.PyExprMutator):
         self.bindings: dict = {}  # the function's variables and their values, before any rewrite
         self.counts: Counter[str] = Counter()
 
+    def visit_function_(self, func: relax.Function) -> relax.Expr:
+        self.bindings = _bindings_of(func)
+        return super().visit_function_(func)
+
     def _emit(self, name: str, compute: Callable[[te.Tensor], te.Tensor], arg: relax.Expr) -> relax.Expr:
         self.counts[name] += 1
         return self.builder_.call_te(compute, arg, primfunc_name_hint=f"fast_{name}")
@@ -285,11 +290,7 @@ def use_fast_math(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every float32 exp, sigmoid, SiLU, tanh, erf, GELU and last-axis (log-)softmax of its
     Relax functions computed by the vectorizable versions above; bindings left unused are removed."""
     mutator = _FastMath(mod)
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mutator.bindings = _bindings_of(func)
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    mod, counts = mutator.builder_.get(), mutator.counts
-    if counts:
-        logger.info("fast math: %s", ", ".join(f"{name} x{n}" for name, n in sorted(counts.items())))
+    mod = mutate_relax_functions(mutator)
+    if mutator.counts:
+        logger.info("fast math: %s", ", ".join(f"{name} x{n}" for name, n in sorted(mutator.counts.items())))
     return relax.transform.DeadCodeElimination()(mod)

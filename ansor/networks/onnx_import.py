@@ -22,6 +22,7 @@ from typing import Mapping, Optional, Sequence, Union
 import numpy as np
 
 from ..errors import short_message
+from .calls import mutate_relax_functions
 from .network import Network, NetworkError, TensorSpec
 
 logger = logging.getLogger("ansor")
@@ -132,11 +133,7 @@ def unstack_reductions(mod):
                 out = self.builder_.emit(binary[op](out, part))
             return out
 
-    mutator = Unstack(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(mutator.builder_.get())
+    return relax.transform.DeadCodeElimination()(mutate_relax_functions(Unstack(mod)))
 
 
 def load_onnx(path: Union[str, os.PathLike], shapes: Optional[Mapping[str, Sequence[int]]] = None,
