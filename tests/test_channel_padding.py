@@ -67,3 +67,10 @@ def test_widened_network_computes_the_same_outputs():
     comparison = compare_outputs(ex.network, executable, build(net.mod, TARGET, fused=False), TARGET,
                                  reference_network=net)
     assert comparison.ok, comparison
+
+
+@pytest.mark.parametrize("mcpu,widened", [("skylake-avx512", True), ("haswell", False)])
+def test_extract_widens_for_the_targets_vector_width(mcpu, widened):
+    """1000 channels: 8 x 125, a whole number of AVX2's 8-float vectors, not of AVX-512's 16."""
+    ex = extract(_conv_network((1, 13, 13, 512), (1, 1), 1000), {"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    assert any("x[1,1,512,1008]" in t.name for t in ex.tasks) == widened, [t.name for t in ex.tasks]
