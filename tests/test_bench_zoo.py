@@ -224,3 +224,12 @@ def test_bad_zoo_flags_are_refused_before_any_work(tmp_path, capsys):
 def test_provenance_names_the_command_once():
     assert Provenance.here("CPU: x", ["bench", "--zoo"]).command == "ansor bench --zoo"
     assert Provenance.here("CPU: x", ["--zoo"]).command == "ansor bench --zoo"  # scripts/bench/bench_network.py
+
+
+def test_in_network_over_alone_counts_only_tasks_timed_in_full_alone():
+    """A state only probed alone (one run, maybe preempted) has no alone time to compare with."""
+    report = _report("m", 4.0)
+    report.breakdown = [TaskRow("conv", 1, 2.0, 1.6, 10.0), TaskRow("winograd_input", 2, 0.1, float("nan"), 1.0)]
+    assert report.in_network_over_alone() == pytest.approx(2.0 / 1.6)
+    report.breakdown = [TaskRow("winograd_input", 2, 0.1, float("nan"), 1.0)]
+    assert np.isnan(report.in_network_over_alone())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -57,22 +58,32 @@ class ModelReport:
         return min(f32, key=lambda p: p.median_ms) if f32 else None
 
     def in_network_over_alone(self) -> float:
-        """The tuned tasks' time in the network over their time alone during tuning."""
-        alone = sum(r.alone_ms for r in self.breakdown)
-        return sum(r.network_ms for r in self.breakdown) / alone if alone else float("nan")
+        """The tuned tasks' time in the network over their time alone during tuning (the tasks whose state
+        the build runs was timed in full alone)."""
+        rows = [r for r in self.breakdown if math.isfinite(r.alone_ms)]
+        alone = sum(r.alone_ms for r in rows)
+        return sum(r.network_ms for r in rows) / alone if alone else float("nan")
 
 
 @dataclass(frozen=True)
 class TaskRow:
     """One tuned task in the tuned build: its calls per inference, the milliseconds they take in the
-    network (timed in place), the same calls timed alone during tuning (weight x best measurement), and
-    the GFLOPS they reach in the network."""
+    network (timed in place), the same calls timed alone during tuning (weight x the state's full timing;
+    NaN when it was only probed), and the GFLOPS they reach in the network."""
 
     name: str
     weight: int
     network_ms: float
     alone_ms: float
     gflops: float
+
+
+def _finite_sum(values) -> float:
+    return sum(v for v in values if math.isfinite(v))
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}" if math.isfinite(value) else "-"
 
 
 def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
@@ -113,17 +124,19 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
     print(f"{'task':<58}{'x':>4}{'ms':>8}{'share':>7}{'GFLOPS':>8}{'of peak':>8}{'alone ms':>9}")
     for row in report.breakdown[:15]:
         print(f"{row.name[:57]:<58}{row.weight:>4}{row.network_ms:>8.2f}{row.network_ms / profile.latency_ms:>7.1%}"
-              f"{row.gflops:>8.1f}{row.gflops / peak_gflops:>8.2f}{row.alone_ms:>9.2f}")
+              f"{row.gflops:>8.1f}{row.gflops / peak_gflops:>8.2f}{_ms(row.alone_ms):>9}")
     rest = report.breakdown[15:]
     if rest:
         print(f"{f'{len(rest)} more tasks':<58}{'':>4}{sum(r.network_ms for r in rest):>8.2f}"
-              f"{'':>23}{sum(r.alone_ms for r in rest):>9.2f}")
+              f"{'':>23}{_ms(_finite_sum(r.alone_ms for r in rest)):>9}")
     in_tasks = sum(r.network_ms for r in report.breakdown)
-    alone = sum(r.alone_ms for r in report.breakdown)
+    alone = _finite_sum(r.alone_ms for r in report.breakdown)
+    unknown = sum(not math.isfinite(r.alone_ms) for r in report.breakdown)
     kernels = [(n, ms) for n, ms in report.outside if not n.startswith("vm.builtin")]
     builtins = sum(ms for n, ms in report.outside if n.startswith("vm.builtin"))
     top = ", ".join(f"{n} {ms:.2f}" for n, ms in kernels[:4])
-    print(f"tuned tasks {in_tasks:.2f} ms in the network ({alone:.2f} ms timed alone during tuning); outside "
+    probed = f"; {unknown} tasks' states only probed, not timed in full" if unknown else ""
+    print(f"tuned tasks {in_tasks:.2f} ms in the network ({alone:.2f} ms timed alone during tuning{probed}); outside "
           f"them: {sum(ms for _, ms in kernels):.2f} ms in {len(kernels)} untuned functions ({top}), "
           f"{builtins:.2f} ms in VM builtins (allocation, shape checks), "
           f"{profile.latency_ms - in_tasks - sum(ms for _, ms in report.outside):.2f} ms between calls "
@@ -161,7 +174,7 @@ RESULT_NOTE = ("Each model: batch 1, float32, every contender with this machine'
                "timed one after another; \"tuned vs default\" likewise where it says \"in turn\" (the default "
                "build in the same rounds), else the two builds timed one after the other; "
                "\"in network / alone\" is the tuned tasks' time inside the network over their time alone during "
-               "tuning.")
+               "tuning, over the tasks whose state was timed in full alone (not only probed by one run).")
 
 
 def result_cells(r: ModelReport) -> tuple[tuple[str, ...], float]:
@@ -174,7 +187,7 @@ def result_cells(r: ModelReport) -> tuple[tuple[str, ...], float]:
              f"**{ratio:.2f}**", f"{sum(x < 1 for x in turn)} of {len(turn)}" if turn else "-",
              f"{r.default_ms:.2f}", f"{r.tuned_vs_default():.2f}x" + (" in turn" if DEFAULT in r.rounds else ""),
              str(r.trials),
-             f"{r.in_network_over_alone():.2f}")
+             _ms(r.in_network_over_alone()))
     return cells, ratio
 
 
