@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .conv_rewrite import ConvRewrite, rewrite_convs
+from .conv_rewrite import ConvRewrite, rewrite_convs, ungrouped_nhwc
 
 #: Widen only when the padded channels add at most this share of the work. 1000 -> 1008 channels adds
 #: 0.8 %, 440 -> 448 (RegNet-Y) 1.8 %; 120 -> 128 (6.7 %) stays as it is.
@@ -49,10 +49,9 @@ class _PadChannels(ConvRewrite):
         self.vector_bytes = vector_bytes
 
     def rewrite(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
-        a = call.attrs
-        if (str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "HWIO" or str(a.out_layout) not in ("NHWC", "")
-                or int(a.groups) != 1 or not all(isinstance(d, tvm.tirx.IntImm) for d in call.ty.shape)):
+        if not ungrouped_nhwc(call):
             return None
+        a = call.attrs
         _, out_h, out_w, channels = (int(d) for d in call.ty.shape)
         lanes = max(1, self.vector_bytes // np.dtype(str(call.ty.dtype)).itemsize)
         wide = padded_channels(channels, lanes)

@@ -25,12 +25,16 @@ def bound_constant(mutator: relax.PyExprMutator, expr: relax.Expr) -> Optional[n
     return value.numpy() if isinstance(value, tvm.runtime.Tensor) else None
 
 
-def plain_nhwc(call: relax.Call) -> bool:
-    """An NHWC/HWIO convolution with stride 1, no groups and a static input shape."""
+def ungrouped_nhwc(call: relax.Call) -> bool:
+    """An NHWC/HWIO convolution with no groups and a static input shape."""
     a = call.attrs
     return (str(a.data_layout) == "NHWC" and str(a.kernel_layout) == "HWIO" and str(a.out_layout) in ("NHWC", "")
-            and int(a.groups) == 1 and [int(s) for s in a.strides] == [1, 1]
-            and all(isinstance(d, tvm.tirx.IntImm) for d in call.args[0].ty.shape))
+            and int(a.groups) == 1 and all(isinstance(d, tvm.tirx.IntImm) for d in call.args[0].ty.shape))
+
+
+def plain_nhwc(call: relax.Call) -> bool:
+    """An :func:`ungrouped_nhwc` convolution with stride 1."""
+    return ungrouped_nhwc(call) and [int(s) for s in call.attrs.strides] == [1, 1]
 
 
 class ConvRewrite(relax.PyExprMutator):
