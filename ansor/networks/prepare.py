@@ -10,14 +10,18 @@ CPU search does best on NHWC convolutions, and the schedule may choose each cons
    the model's edges, and the weight transposes are folded into the constants here (numpy, not TVM's
    ``FoldConstant``, which compiles a kernel per weight: 18 s for ResNet-50, against 0.6 s). TVM's ONNX
    ``Clip`` is turned back into Relax operators first, or layout conversion stops at every ReLU6.
-3. **Convolutions that mostly read padding are cut into regions** (:mod:`.padding_taps`) that compute only
+3. **Transposes move below element-wise operators** (:mod:`.transpose_sinking`) and cancel where they meet
+   their inverse: ConvNeXt permutes its activations to NCHW for its layer scale and residual add, and its
+   next convolution, now NHWC, permuted them back (64 of ConvNeXt-T's 68 transposes go, and 10 of its 33
+   tasks: the layer scale and residual add become the linear layer's epilogue).
+4. **Convolutions that mostly read padding are cut into regions** (:mod:`.padding_taps`) that compute only
    the kernel taps in bounds: DeepLabV3's dilation-36 ASPP convolution on a 33x33 map becomes a 1x1 one.
-4. **Output channels fill whole vectors** (:mod:`.channel_padding`, given the target's vector width): a
+5. **Output channels fill whole vectors** (:mod:`.channel_padding`, given the target's vector width): a
    convolution with a long reduction whose output channels are not a multiple of the vector length (a
    classifier's 1000 on AVX-512) computes zero channels up to one, and a slice drops them.
-5. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
+6. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
    them direct): 16 multiply-adds per output tile and channel pair instead of 36.
-6. **Fast math** (:mod:`.fast_math`, ``fast_math=False`` keeps the exact operators): float32 ``exp``,
+7. **Fast math** (:mod:`.fast_math`, ``fast_math=False`` keeps the exact operators): float32 ``exp``,
    ``sigmoid``, SiLU, ``tanh``, ``erf``, GELU and softmax become vectorizable versions (a few ulps; NaN and
    ±inf as the exact functions). LLVM calls libm's scalar ``expf``/``erff`` per element otherwise: one
    BERT GELU over 128 x 3072 elements took 3.6 ms, a sigmoid epilogue ~3 ns an element.
@@ -42,6 +46,7 @@ from .fast_math import use_fast_math
 from .network import Network, NetworkError
 from .conv_rewrite import bound_constant
 from .padding_taps import skip_padding_taps
+from .transpose_sinking import sink_transposes
 from .winograd import winograd_convs
 
 logger = logging.getLogger("ansor")
@@ -72,6 +77,7 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
         if converted:
             mod = relax.transform.ConvertLayout(CHANNELS_LAST)(mod)
             mod = fold_constants(mod)
+        mod = sink_transposes(mod)
         mod = skip_padding_taps(mod)
         if vector_bytes:
             mod = pad_output_channels(mod, vector_bytes)
