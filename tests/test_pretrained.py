@@ -2,12 +2,14 @@
 chance, seed a task with steps that fit it, and a seeded search is not worse than a cold one."""
 
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm
 from tvm import te
 
 import ansor
@@ -18,10 +20,12 @@ from ansor.cost_model.training import evaluate, to_measure_pairs
 from ansor.errors import StepError
 from ansor.log.measurement import ErrorNo, MeasureInput, MeasureResult
 from ansor.log.records import RecordWriter, load_records
-from ansor.log.seeds import ScheduleDatabase, refit, seed_states, signature
-from ansor.sketch.search_space import space_of
+from ansor.log.seeds import ScheduleDatabase, core_signature, refit, seed_states, signature
+from ansor.sketch.search_space import generate_sketches, sample_initial_population, space_of
+from ansor.state.loop_nest import AttachKind
 from ansor.state.transform_steps.layout import LayoutRewriteStep
 from ansor.state.transform_steps.split import SplitStep
+from ansor.state.transform_steps.placement import ComputeAtStep
 from ansor.task.workloads import register_workload
 from ansor.target import parse_target, shipped_file
 from ansor.tuning import TuningOptions, make_cost_model
@@ -188,3 +192,67 @@ def test_pretrain_command_writes_both_files_and_reports_held_out_ranking(tmp_pat
                           capture_output=True, text=True, timeout=300)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and "no valid record" in errors[0], proc.stderr
+
+
+def _linear(name: str, epilogue: bool):
+    """``X @ W + b``, and with ``epilogue`` then ``* scale + residual`` (ConvNeXt's layer scale), as one
+    task whose output stage is ``out`` either way."""
+    def make():
+        x = te.placeholder((64, 48), "float32", name="X")
+        w = te.placeholder((48, 32), "float32", name="W")
+        b = te.placeholder((32,), "float32", name="b")
+        r = te.reduce_axis((0, 48), name="k")
+        c = te.compute((64, 32), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="matmul")
+        if not epilogue:
+            return [x, w, b, te.compute((64, 32), lambda i, j: c[i, j] + b[j], name="out")]
+        s = te.placeholder((32,), "float32", name="s")
+        res = te.placeholder((64, 32), "float32", name="res")
+        biased = te.compute((64, 32), lambda i, j: c[i, j] + b[j], name="biased")
+        scaled = te.compute((64, 32), lambda i, j: biased[i, j] * s[j], name="scaled")
+        return [x, w, b, s, res, te.compute((64, 32), lambda i, j: scaled[i, j] + res[i, j], name="out")]
+
+    def ref(ins):
+        y = ins[0] @ ins[1] + ins[2]
+        return [y * ins[3] + ins[4]] if epilogue else [y]
+
+    register_workload(name, make, ref)
+    return ansor.SearchTask.from_workload(name, AVX2)
+
+
+def test_refit_takes_the_steps_of_the_same_operator_with_another_epilogue():
+    """Programs tuned for ``matmul + bias`` replay on ``matmul + bias, * scale + residual`` (the extra
+    stages inlined, the steps moved to the stages they name), compute_at included; TVM replays
+    every one and it computes the right values."""
+    plain, scaled = _linear("linear-bias-refit", False), _linear("linear-scale-residual-refit", True)
+    assert signature(plain) != signature(scaled)
+    assert core_signature(signature(plain)) == core_signature(signature(scaled))
+    assert core_signature(signature(plain)) == signature(plain)
+    sketches = generate_sketches(plain)
+    programs = sample_initial_population(plain, sketches, 12, random.Random(0))
+    assert any(any(isinstance(s, ComputeAtStep) for s in p.steps) for p in programs)
+    space = space_of(scaled.target)
+    rng = np.random.default_rng(0)
+    x, w, b, s, res = (rng.standard_normal(shape).astype("float32")
+                       for shape in ((64, 48), (48, 32), (32,), (32,), (64, 32)))
+    for program in programs:
+        state = refit(scaled, program.steps, plain)
+        assert space.check(scaled, state) is None
+        assert [(it.extent, it.annotation) for it in state.stages[-1].iters] == \
+            [(it.extent, it.annotation) for it in program.stages[-1].iters]  # the output's loops, as recorded
+        assert all(state.stages[k].compute_at == AttachKind.INLINED for k in (1, 2))  # bias, scale
+        lib = tvm.compile(scaled.compute_dag.replay(state).mod, target="llvm")  # runs on any CPU
+        out = tvm.runtime.tensor(np.zeros((64, 32), "float32"))
+        lib["main"](*(tvm.runtime.tensor(a) for a in (x, w, b, s, res)), out)
+        np.testing.assert_allclose(out.numpy(), (x @ w + b) * s + res, rtol=1e-4, atol=1e-4)
+
+
+def test_seeds_of_another_epilogue_only_when_no_record_has_the_same_stages(data_dir):
+    plain, scaled = _linear("linear-bias-seed", False), _linear("linear-scale-residual-seed", True)
+    log = data_dir / "cpu.schedules.json"
+    with RecordWriter(log) as writer:
+        writer.write([MeasureInput(plain, p) for p in sample_initial_population(
+            plain, generate_sketches(plain), 2, random.Random(1))], [ok(2e-5), ok(1e-5)])
+    ScheduleDatabase.write_index(load_records(log), log)
+    seeds = seed_states(scaled)
+    assert seeds and all(s.stages[-1].name == "out" for s in seeds)
+    assert seed_states(ansor.SearchTask.from_workload("matmul-64", AVX2)) == []  # another output stage

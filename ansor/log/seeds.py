@@ -7,7 +7,10 @@ each ISA they were tuned on (``scripts/train_pretrained.py``). A task starts by 
 
 - its own workload's records, those tuned for the same vector width first;
 - else records of the same operator at other sizes (same stages, same loop kinds: :func:`signature`),
-  nearest in FLOPs first, with every split re-fitted to the new loop extents (:func:`refit`).
+  nearest in FLOPs first, with every split re-fitted to the new loop extents (:func:`refit`);
+- else those of the same operator with other element-wise stages between its last reduction and its
+  output (:func:`core_signature`): a linear layer whose epilogue also scales and adds a residual takes the
+  steps of one that only adds a bias, its extra stages inlined.
 
 A seed is an ordinary candidate: it costs a trial, is measured like any other, and wins only if it is
 the fastest; a seed whose steps do not fit the task is skipped.
@@ -15,6 +18,7 @@ the fastest; a seed whose steps do not fit the task is skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -30,6 +34,7 @@ from ..state.transform_steps import Step
 from ..state.transform_steps.layout import LayoutRewriteStep
 from ..state.access import IterKind
 from ..state.transform_steps.split import SplitStep, divisors, padded_extents
+from ..state.transform_steps.placement import ComputeInlineStep
 from ..state.transform_steps.stages import CacheReadStep
 from ..target import shipped_file
 from ..task.search_task import SearchTask
@@ -58,6 +63,51 @@ def signature(task: SearchTask) -> str:
     return "|".join(parts)
 
 
+def core_signature(sig: str) -> str:
+    """``sig`` without the stages between its last reduction stage and its output stage, which are spatial
+    (an element-wise epilogue the sketch inlines): ConvNeXt's ``matmul, add, multiply, add`` (bias, layer
+    scale, residual) and Swin-T's ``matmul, add`` (bias) have one core signature."""
+    parts = sig.split("|")
+    last = _last_reduction(parts)
+    return "|".join(parts[:last + 1] + parts[-1:]) if last >= 0 else sig
+
+
+def _last_reduction(parts: Sequence[str]) -> int:
+    """The index of the last stage with a reduction loop among a signature's parts (-1: none)."""
+    return max((k for k, p in enumerate(parts[:-1]) if "R" in p.rsplit(":", 2)[1]), default=-1)
+
+
+class _StageMap:
+    """Stage ids of the task a record was tuned on -> stage ids of a task of the same core signature, kept
+    up to date as steps add stages (a cache, an rfactor). The source's epilogue stages map to none (its
+    steps on them must be inlines, which are dropped); ``extra`` are the task's, inlined before replay."""
+
+    def __init__(self, source: str, task: str):
+        src, dst = source.split("|"), task.split("|")
+        last = _last_reduction(src)
+        self.ids: list[Optional[int]] = [*range(last + 1), *([None] * (len(src) - last - 2)), len(dst) - 1]
+        self.extra = list(range(last + 1, len(dst) - 1))
+
+    def dropped(self, stage_id: int) -> bool:
+        """True for the recorded task's epilogue stages, which this task has not."""
+        return 0 <= stage_id < len(self.ids) and self.ids[stage_id] is None
+
+    def __getitem__(self, stage_id: int) -> int:
+        mapped = self.ids[stage_id] if 0 <= stage_id < len(self.ids) else None
+        if mapped is None:
+            raise StepError(f"stage {stage_id} of the recorded task has no counterpart in this one")
+        return mapped
+
+    def added(self, step: Step) -> None:
+        """``step`` (already applied to both) added a stage at its ``stage_id + NEW_STAGE``."""
+        offset = type(step).NEW_STAGE
+        if offset is None:
+            return
+        at = self[step.stage_id] + offset
+        self.ids = [i + 1 if i is not None and i >= at else i for i in self.ids]
+        self.ids.insert(step.stage_id + offset, at)
+
+
 def refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask] = None) -> State:
     """``steps`` applied to ``task``, each split's lengths re-fitted to the loop it now splits: from the
     innermost part out, the divisor of what is left of the extent nearest the recorded length. A spatial
@@ -67,7 +117,9 @@ def refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask] 
 
     ``source`` is the task the steps were recorded on. A step that names an argument (a layout rewrite, a
     cache read) then names the one ``task``'s stage reads at the same place: models name their arguments
-    differently (BERT's attention product reads ``B`` where ViT's reads ``permute_dims``).
+    differently (BERT's attention product reads ``B`` where ViT's reads ``permute_dims``). When ``source``
+    has another element-wise epilogue (the same :func:`core_signature`), ``task``'s epilogue stages are
+    inlined first and the steps are moved to the stages they correspond to.
 
     Raises :class:`~ansor.errors.StepError` when a step does not fit ``task``.
     """
@@ -83,26 +135,63 @@ def _refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask]
     splits at indices in ``paddable`` may be fitted to a padded extent."""
     state = task.compute_dag.init_state()
     origin = source.compute_dag.init_state() if source is not None else None
+    stages = None
+    if source is not None and signature(source) != signature(task) and \
+            core_signature(signature(source)) == core_signature(signature(task)):
+        stages = _StageMap(signature(source), signature(task))
+        for stage_id in stages.extra:
+            state.compute_inline(stage_id)
+    at: list[Optional[int]] = []  # where each recorded step is in ``state.steps`` (None: dropped)
     spatial = []
     for k, step in enumerate(steps):
-        fitted = step
+        if stages is not None:
+            if stages.dropped(step.stage_id) and isinstance(step, ComputeInlineStep):
+                origin.apply(step)
+                at.append(None)
+                continue
+            moved = _moved(step, stages, at)
+        else:
+            moved = step
+        fitted = moved
         if isinstance(step, SplitStep) and None not in step.lengths:
-            it = state.checked_iter(step.stage_id, step.iter_id)
+            it = state.checked_iter(moved.stage_id, step.iter_id)
             if it.kind == IterKind.SPATIAL:
                 spatial.append((k, step.stage_id))
             if it.extent is not None and it.extent != step.extent:
-                fitted = replace(step, extent=it.extent, lengths=_fit_lengths(it.extent, step, k in paddable))
+                fitted = replace(moved, extent=it.extent, lengths=_fit_lengths(it.extent, step, k in paddable))
         elif origin is not None and isinstance(step, (LayoutRewriteStep, CacheReadStep)):
-            fitted = replace(step, buffer=_same_read(origin, state, step.stage_id, step.buffer))
+            fitted = replace(moved, buffer=_same_read(origin, state, step.stage_id, moved.stage_id, step.buffer))
         if origin is not None:
             origin.apply(step)
+        at.append(len(state.steps))
         state.apply(fitted)
+        if stages is not None:
+            stages.added(step)
     return state, spatial
 
 
-def _same_read(origin: State, state: State, stage_id: int, buffer: str) -> str:
-    """The buffer stage ``stage_id`` of ``state`` reads where the same stage of ``origin`` reads ``buffer``."""
-    recorded = origin.checked_stage(stage_id).block.read_buffers()
+def _moved(step: Step, stages: _StageMap, at: Sequence[Optional[int]]) -> Step:
+    """``step`` with its stage ids mapped by ``stages`` and its step ids by ``at``."""
+    fields = {f.name for f in dataclasses.fields(step)}
+    changes: dict = {"stage_id": stages[step.stage_id]}
+    if "target_stage_id" in fields:
+        changes["target_stage_id"] = stages[step.target_stage_id]
+    if "reader_stage_ids" in fields:
+        changes["reader_stage_ids"] = tuple(stages[r] for r in step.reader_stage_ids)
+    for name in ("src_step_id", "src_step_ids"):
+        if name in fields:
+            ids = getattr(step, name)
+            moved = [at[i] if 0 <= i < len(at) else None for i in (ids if isinstance(ids, tuple) else (ids,))]
+            if None in moved:
+                raise StepError(f"{type(step).__name__} follows a step that has no counterpart in this task")
+            changes[name] = tuple(moved) if isinstance(ids, tuple) else moved[0]
+    return replace(step, **changes)
+
+
+def _same_read(origin: State, state: State, origin_stage: int, stage_id: int, buffer: str) -> str:
+    """The buffer stage ``stage_id`` of ``state`` reads where stage ``origin_stage`` of ``origin`` reads
+    ``buffer``."""
+    recorded = origin.checked_stage(origin_stage).block.read_buffers()
     reads = state.checked_stage(stage_id).block.read_buffers()
     if buffer in recorded and recorded.index(buffer) < len(reads):
         return reads[recorded.index(buffer)]
@@ -176,8 +265,11 @@ class ScheduleDatabase:
             candidates = sorted(own, key=lambda r: r.task.hardware_params.vector_unit_bytes != vector_bytes)
         else:
             sig, flops = signature(task), max(task.compute_dag.flop_ct, 1.0)
-            keys = sorted((k for k, (s, _) in self.index.items() if s == sig),
-                          key=lambda k: abs(math.log(max(self.index[k][1], 1.0) / flops)))
+            same = [k for k, (s, _) in self.index.items() if s == sig]
+            if not same:
+                core = core_signature(sig)
+                same = [k for k, (s, _) in self.index.items() if core_signature(s) == core]
+            keys = sorted(same, key=lambda k: abs(math.log(max(self.index[k][1], 1.0) / flops)))
             candidates = [best_of(recs, vector_bytes) for recs in map(self.records, keys[:limit]) if recs]
         states: list[State] = []
         seen: set = set()
