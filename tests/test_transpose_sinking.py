@@ -101,3 +101,18 @@ def test_consecutive_transposes_become_one():
     mod = sink_transposes(net.mod)
     assert _permutes(mod) == [[0, 2, 1, 3]]
     _same_outputs(net, mod)
+
+
+def test_a_transpose_nothing_undoes_stays_where_it_was():
+    """ViT's query scaling sits between two transposes that do not cancel: moving it would only change
+    which operators fuse, so the module is left as it was."""
+    scale = np.full((1,), 0.125, "float32")
+
+    def body(bb, xs):
+        y = bb.emit(relax.op.permute_dims(xs[0], NCHW))
+        scaled = bb.emit(relax.op.multiply(y, relax.const(scale)))
+        return bb.emit(relax.op.permute_dims(scaled, [0, 1, 3, 2]))
+
+    net = _network(body)
+    ops = [b.value.op.name for b in sink_transposes(net.mod)["main"].body.blocks[0].bindings]
+    assert ops == ["relax.permute_dims", "relax.multiply", "relax.permute_dims"]

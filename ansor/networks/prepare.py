@@ -12,7 +12,7 @@ CPU search does best on NHWC convolutions, and the schedule may choose each cons
    ``Clip`` is turned back into Relax operators first, or layout conversion stops at every ReLU6.
 3. **Transposes move below element-wise operators** (:mod:`.transpose_sinking`) and cancel where they meet
    their inverse: ConvNeXt permutes its activations to NCHW for its layer scale and residual add, and its
-   next convolution, now NHWC, permuted them back (64 of ConvNeXt-T's 68 transposes go, and 10 of its 33
+   next convolution, now NHWC, permuted them back (63 of ConvNeXt-T's 68 transposes go, and 8 of its 33
    tasks: the layer scale and residual add become the linear layer's epilogue).
 4. **Convolutions that mostly read padding are cut into regions** (:mod:`.padding_taps`) that compute only
    the kernel taps in bounds: DeepLabV3's dilation-36 ASPP convolution on a 33x33 map becomes a 1x1 one.

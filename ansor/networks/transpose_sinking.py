@@ -14,12 +14,12 @@ binding:
   the identity; an identity ``permute_dims`` is dropped;
 * an element-wise operator whose tensor operands are all ``permute_dims(·, p)`` (broadcast along the same
   axes before and after), or constants (transposed here, with numpy), computes on the untransposed operands
-  and is transposed after:
-  ``op(permute_dims(b, p), c) = permute_dims(op(b, c'), p)``.
+  and is transposed after, ``op(permute_dims(b, p), c) = permute_dims(op(b, c'), p)``, when its result
+  reaches a ``permute_dims`` that undoes ``p`` through element-wise operators only (:class:`_Uses`).
 
-The transpose moves down past each element-wise operator and cancels where the model permutes back; one
-that meets nothing stays as a single transpose, as before. A non-constant operand in the other layout
-stops the move (it would need a transpose of its own).
+The transpose moves down past each element-wise operator and cancels where the model permutes back. Where
+nothing undoes it, it stays where the model put it: moved for nothing, it changed which operators fuse
+(ViT-B/16's query scaling went from before its head transpose to after it, a task of another kind).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ ELEMENTWISE = frozenset(f"relax.{name}" for name in (
 def sink_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with its transposes moved below element-wise operators and cancelled where they meet
     their inverse (see the module notes); dead bindings are removed."""
-    mod = mutate_relax_functions(_TransposeSinker(mod))
+    mod = mutate_relax_functions(_TransposeSinker(mod, _Uses(mod)))
     return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
 
 
@@ -74,15 +74,56 @@ def _is_identity(perm: Sequence[int]) -> bool:
     return all(i == p for i, p in enumerate(perm))
 
 
+def _op(expr: relax.Expr) -> str:
+    return getattr(getattr(expr, "op", None), "name", "")
+
+
+class _Uses:
+    """The bindings of a module's Relax functions by the variables they use, to tell whether a transposed
+    element-wise result reaches a transpose that undoes it."""
+
+    def __init__(self, mod: tvm.IRModule):
+        self.users: dict[int, list[relax.VarBinding]] = {}
+        self.bound: dict[int, relax.Var] = {}  # call -> the variable it is bound to
+        for _, func in mod.functions_items():
+            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+                continue
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    if isinstance(binding, relax.VarBinding) and isinstance(binding.value, relax.Call):
+                        self.bound[binding.value.__chandle__()] = binding.var
+                        for arg in binding.value.args:
+                            if isinstance(arg, relax.Var):
+                                self.users.setdefault(arg.__chandle__(), []).append(binding)
+        self._memo: dict[tuple[int, tuple[int, ...]], bool] = {}
+
+    def cancels(self, var: relax.Var, perm: tuple[int, ...]) -> bool:
+        """True if ``var``, were it ``permute_dims(·, perm)``, reaches a ``permute_dims`` that undoes
+        ``perm`` through element-wise operators."""
+        key = (var.__chandle__(), perm)
+        if key not in self._memo:
+            self._memo[key] = False  # a cycle (none in a dataflow block) would read False
+            self._memo[key] = any(
+                _is_identity(tuple(perm[a] for a in _axes(b.value))) if _op(b.value) == PERMUTE
+                else _op(b.value) in ELEMENTWISE and self.cancels(b.var, perm)
+                for b in self.users.get(var.__chandle__(), ()))
+        return self._memo[key]
+
+
 @relax.expr_functor.mutator
 class _TransposeSinker(relax.PyExprMutator):
 
+    def __init__(self, mod: tvm.IRModule, uses: _Uses):
+        super().__init__(mod)
+        self.uses = uses
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
+        var = self.uses.bound.get(call.__chandle__())  # the call as the module has it, before the visit
         call = super().visit_call_(call)
-        name = getattr(call.op, "name", "")
+        name = _op(call)
         if name == PERMUTE:
             return self._compose(call)
-        sunk = self._sink(call) if name in ELEMENTWISE else None
+        sunk = self._sink(call, var) if name in ELEMENTWISE and var is not None else None
         return call if sunk is None else sunk
 
     def _permuted(self, expr: relax.Expr) -> Optional[tuple[relax.Expr, tuple[int, ...]]]:
@@ -90,7 +131,7 @@ class _TransposeSinker(relax.PyExprMutator):
         if not isinstance(expr, relax.Var):
             return None
         bound = self.lookup_binding(expr)
-        if isinstance(bound, relax.Call) and getattr(bound.op, "name", "") == PERMUTE:
+        if isinstance(bound, relax.Call) and _op(bound) == PERMUTE:
             return bound.args[0], _axes(bound)
         return None
 
@@ -104,7 +145,7 @@ class _TransposeSinker(relax.PyExprMutator):
             return source
         return relax.op.permute_dims(source, list(axes)) if inner is not None else call
 
-    def _sink(self, call: relax.Call) -> Optional[relax.Expr]:
+    def _sink(self, call: relax.Call, var: relax.Var) -> Optional[relax.Expr]:
         if _static_shape(call) is None:
             return None
         perm: Optional[tuple[int, ...]] = None
@@ -119,7 +160,7 @@ class _TransposeSinker(relax.PyExprMutator):
                 args.append(permuted[0])
             else:
                 args.append(None)  # a constant, transposed once ``perm`` is known
-        if perm is None:
+        if perm is None or not self.uses.cancels(var, perm):
             return None
         inverse = _inverse(perm)
         for k, arg in enumerate(call.args):
