@@ -136,9 +136,9 @@ def _refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask]
     state = task.compute_dag.init_state()
     origin = source.compute_dag.init_state() if source is not None else None
     stages = None
-    if source is not None and signature(source) != signature(task) and \
-            core_signature(signature(source)) == core_signature(signature(task)):
-        stages = _StageMap(signature(source), signature(task))
+    recorded, own = (signature(source), signature(task)) if source is not None else ("", "")
+    if recorded != own and core_signature(recorded) == core_signature(own):
+        stages = _StageMap(recorded, own)
         for stage_id in stages.extra:
             state.compute_inline(stage_id)
     at: list[Optional[int]] = []  # where each recorded step is in ``state.steps`` (None: dropped)

@@ -50,24 +50,15 @@ def sink_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
 
 
-def _static_shape(expr: relax.Expr) -> Optional[tuple[int, ...]]:
+def _static_shape(expr: relax.Expr) -> bool:
     shape = getattr(expr.ty, "shape", None)
-    if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
-        return None
-    return tuple(int(d) for d in shape.values)
+    return isinstance(shape, relax.ShapeExpr) and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values)
 
 
 def _axes(call: relax.Call) -> tuple[int, ...]:
     axes = call.attrs.axes
     ndim = call.args[0].ty.ndim
     return tuple(range(ndim - 1, -1, -1)) if axes is None else tuple(int(a) for a in axes)
-
-
-def _inverse(perm: Sequence[int]) -> tuple[int, ...]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return tuple(inv)
 
 
 def _is_identity(perm: Sequence[int]) -> bool:
@@ -146,7 +137,7 @@ class _TransposeSinker(relax.PyExprMutator):
         return relax.op.permute_dims(source, list(axes)) if inner is not None else call
 
     def _sink(self, call: relax.Call, var: relax.Var) -> Optional[relax.Expr]:
-        if _static_shape(call) is None:
+        if not _static_shape(call):
             return None
         perm: Optional[tuple[int, ...]] = None
         args: list[Optional[relax.Expr]] = []
@@ -162,7 +153,7 @@ class _TransposeSinker(relax.PyExprMutator):
                 args.append(None)  # a constant, transposed once ``perm`` is known
         if perm is None or not self.uses.cancels(var, perm):
             return None
-        inverse = _inverse(perm)
+        inverse = np.argsort(perm)  # the permutation that undoes ``perm``
         for k, arg in enumerate(call.args):
             if args[k] is not None:
                 continue
