@@ -20,7 +20,7 @@ from ansor.cost_model.training import evaluate, to_measure_pairs
 from ansor.errors import StepError
 from ansor.log.measurement import ErrorNo, MeasureInput, MeasureResult
 from ansor.log.records import RecordWriter, load_records
-from ansor.log.seeds import ScheduleDatabase, core_signature, refit, seed_states, signature
+from ansor.log.seeds import ScheduleDatabase, constant_reads, core_signature, refit, seed_states, signature
 from ansor.sketch.search_space import generate_sketches, sample_initial_population, space_of
 from ansor.state.loop_nest import AttachKind
 from ansor.state.transform_steps.layout import LayoutRewriteStep
@@ -153,6 +153,26 @@ def test_seeds_come_from_the_workload_else_from_the_same_operator_at_another_siz
     other = seed_states(ansor.SearchTask.from_workload("matmul-96", AVX2), limit=1)
     assert len(other) == 1 and other[0].steps[0].extent == 96
     assert seed_states(ansor.SearchTask.from_workload("conv2d-nhwc-small", AVX2)) == []  # another operator
+
+
+def test_seeds_come_first_from_records_whose_constant_operands_are_the_tasks(data_dir):
+    """A product of two activations (an attention product) takes the record of another one before a record
+    nearer in FLOPs whose B is a weight, packed for free there and at every call here; a weight's product
+    takes the other way round."""
+    near = ansor.SearchTask.from_workload("matmul-96", AVX2)
+    near = ansor.SearchTask(near.func.with_attr("layout_free_buffers", [1]), AVX2, workload_key="matmul-96-weight")
+    far = ansor.SearchTask.from_workload("matmul-256", AVX2)
+    log = data_dir / "cpu.schedules.json"
+    with RecordWriter(log) as writer:
+        for task, (a, b) in ((near, (8, 16)), (far, (4, 32))):
+            writer.write([MeasureInput(task, tiled(task, a, b))], [ok(1e-5)])
+    ScheduleDatabase.write_index(load_records(log), log)
+    activations = ansor.SearchTask.from_workload("matmul-64", AVX2)
+    weight = ansor.SearchTask(activations.func.with_attr("layout_free_buffers", [1]), AVX2,
+                              workload_key="matmul-64-weight")
+    assert constant_reads(activations) == constant_reads(far) == "00" and constant_reads(weight) == "01"
+    for task, tiles in ((activations, [(4, 32), (8, 16)]), (weight, [(8, 16), (4, 32)])):
+        assert [tuple(s.steps[i].lengths[0] for i in (0, 1)) for s in seed_states(task)] == tiles
 
 
 def test_a_damaged_schedule_index_means_no_seeds(data_dir, caplog):
