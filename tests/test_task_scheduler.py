@@ -2,7 +2,7 @@
 
 import pytest
 
-from ansor.task_scheduler import Allocator, TaskState
+from ansor.task_scheduler import Allocator, TaskState, unseeded_tasks
 
 
 def simulate(alloc: Allocator, curves, rounds: int, trials_per_round: int = 16) -> list[int]:
@@ -69,6 +69,27 @@ def test_a_plateaued_task_yields_its_rounds_to_one_still_improving():
         picks[half_life] = simulate(alloc, [flat, improving], 60).count(1)
         assert alloc.tasks[0].stalled_trials == alloc.tasks[0].trials - 16
     assert picks[None] <= 2 and picks[128] >= 10
+
+
+def test_a_task_without_seeds_is_searched_once_before_the_gradient_decides_unless_none_has_seeds():
+    # Task 0 dominates the objective and keeps improving: the gradient alone gives it every round. Its
+    # warm-up measured its default and 3 seeds; task 1 (a small transpose) only its default.
+    picks = {}
+    for unseeded in (True, False):  # False: a cold start, where no task has seeds
+        alloc = Allocator([TaskState(12, 1e9), TaskState(12, 1e9, unseeded=unseeded)])
+        alloc.record(0, 4, 1.5)
+        alloc.record(1, 1, 0.05)
+        assert alloc.gradients()[0] < alloc.gradients()[1]
+        picks[unseeded] = simulate(alloc, [lambda r: 1.5 / r, lambda r: 0.0125], 4)
+    assert picks[True] == [1, 0, 0, 0] and picks[False] == [0, 0, 0, 0]
+
+
+def test_seedless_tasks_are_searched_first_only_where_seeds_cover_most_of_the_network():
+    # Warm-up sizes: 1 = the default schedule alone, 4 = the default and 3 seeds.
+    assert unseeded_tasks([4, 1, 4, 4]) == [False, True, False, False]  # ViT-B/16: 4 of 14 without seeds
+    assert unseeded_tasks([1, 1, 1, 1]) == [False] * 4  # a cold start
+    assert unseeded_tasks([4, 1, 1, 4]) == [False] * 4  # DenseNet-121: 72 of 142 without seeds
+    assert unseeded_tasks([]) == []
 
 
 def test_round_robin_cycles():

@@ -16,6 +16,14 @@ since its last gain. The 1/rounds guess never learns that a task has plateaued: 
 run the QKV dense task got 586 trials after its last gain (the FFN up-projection 536) while the attention
 products, the layer norm and the softmax got 32-64 trials each, though each gains 19-46 % more at 192.
 
+Where the shipped database seeded most tasks, each task it had no seeds for (``first`` holds its default
+schedule alone) gets one searched round after its warm-up, before the gradient decides: the seeds stand
+in for the searched first round Ansor gives every task, and the gradient can promise a task no more than
+its whole latency, which for a small one never wins. In 2-minute ViT-B/16 runs three seedless transposes
+kept default schedules 2-4x slower than one searched round finds (0.9 ms of 89). Only while the seedless
+tasks are at most :data:`MAX_UNSEEDED_SHARE` of the network: a searched round for every task took
+DenseNet-121's whole 10-minute run (docs/networks.md), and the database seeds 70 of its 142 tasks.
+
 :class:`Allocator` is the pure decision logic (tested on synthetic latency curves);
 :func:`schedule_tasks` makes it the schedule of the tuning loop (:func:`ansor.tuning.run_rounds`) with real
 policies, one shared cost model and a measurer.
@@ -39,6 +47,9 @@ from ..tuning import Round, feed_history, run_rounds
 logger = logging.getLogger("ansor")
 
 STALL_HALF_LIFE = 128  # trials; see the module docstring
+#: Seedless tasks get a searched round after their warm-up only while they are at most this share of the
+#: tasks: their rounds then cost at most half of a searched round for every task (module docstring).
+MAX_UNSEEDED_SHARE = 1 / 3
 
 
 @dataclass
@@ -54,6 +65,7 @@ class TaskState:
     history: list[float] = field(default_factory=list)  # best cost after each round
     trials_at_best: int = 0
     dead: bool = False
+    unseeded: bool = False  # gets a searched round right after its warm-up (see the module docstring)
 
     @property
     def stalled_trials(self) -> int:
@@ -130,6 +142,9 @@ class Allocator:
         unvisited = [i for i in alive if self.tasks[i].rounds == 0]
         if unvisited:
             return unvisited[0]
+        unsearched = [i for i in alive if self.tasks[i].unseeded and self.tasks[i].rounds == 1]
+        if unsearched:
+            return unsearched[0]
         if self.strategy == "round-robin":
             for _ in range(len(self.tasks)):
                 i = self._next_rr % len(self.tasks)
@@ -154,6 +169,15 @@ class SchedulerRound:
     seconds: float
 
 
+def unseeded_tasks(first_sizes: Sequence[int]) -> list[bool]:
+    """Which tasks get a searched round right after their warm-up, by the number of programs each one's
+    warm-up measures (its default schedule, then its seeds): those with one program, where others have
+    seeds and such tasks are at most :data:`MAX_UNSEEDED_SHARE` of them (see the module docstring)."""
+    unseeded = [n == 1 for n in first_sizes]
+    searched = any(n > 1 for n in first_sizes) and sum(unseeded) <= MAX_UNSEEDED_SHARE * len(first_sizes)
+    return [searched and u for u in unseeded]
+
+
 def schedule_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_trials: int, measurer, model,
                    per_round: int = 16, strategy: str = "gradient", early_stopping: Optional[int] = None,
                    seed: int = 0, search: Optional[SearchParams] = None,
@@ -164,15 +188,17 @@ def schedule_tasks(tasks: Sequence[SearchTask], weights: Sequence[float], n_tria
     """Tune several tasks with one budget, one cost model and one measurer; returns the final allocator.
 
     ``first[i]``: states of task ``i`` measured in its first round, which holds nothing else. A network
-    passes each task's default schedule, so a tuned task is never slower than its untuned build.
+    passes each task's default schedule, so a tuned task is never slower than its untuned build, then the
+    database's seeds.
     ``time_limit``: seconds after which no new round starts (the trial budget may end it first).
     ``history`` (records by workload key, e.g. the run's own log) continues this run: it counts towards
     ``n_trials``. ``tuned_elsewhere`` (a database's records of other runs) teaches the policies, the model
     and the allocator, but its tasks get no rounds and its records do not count.
     """
-    states = [TaskState(float(w), t.flop_ct, tag=_tag(t)) for t, w in zip(tasks, weights)]
-    alloc = Allocator(states, strategy=strategy, early_stopping=early_stopping, seed=seed)
     firsts = list(first) if first is not None else [()] * len(tasks)
+    states = [TaskState(float(w), t.flop_ct, tag=_tag(t), unseeded=u)
+              for t, w, u in zip(tasks, weights, unseeded_tasks([len(f) for f in firsts]))]
+    alloc = Allocator(states, strategy=strategy, early_stopping=early_stopping, seed=seed)
     policies = [SketchPolicy(t, model, seed=seed + i, params=search, first=f)
                 for i, (t, f) in enumerate(zip(tasks, firsts))]
     schedule = _AllocatorSchedule(alloc, time_limit, on_round)
