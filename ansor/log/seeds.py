@@ -27,7 +27,7 @@ import re
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from ..errors import AnsorError, RecordError, StepError
 from ..state.loop_state import State
@@ -232,12 +232,20 @@ def _fit_lengths(extent: int, step: SplitStep, paddable: bool) -> tuple[int, ...
     return best
 
 
+class IndexEntry(NamedTuple):
+    """What a database's index holds of one workload."""
+
+    signature: str
+    flops: float
+    constants: str  # constant_reads
+
+
 class ScheduleDatabase:
     """A shipped log and its index: each workload's :func:`signature`, FLOPs and :func:`constant_reads`, so
     that a task reads the records of the few workloads it may take steps from, not the whole log (every
     workload line holds a PrimFunc: reading all of them costs a second)."""
 
-    def __init__(self, path: Path, index: dict[str, tuple[str, float, str]]):
+    def __init__(self, path: Path, index: dict[str, IndexEntry]):
         self.path = path
         self.index = index
         self._records: dict[str, list[Record]] = {}
@@ -249,7 +257,7 @@ class ScheduleDatabase:
         index_path = path.with_name(path.name + INDEX_SUFFIX)
         try:
             data = json.loads(index_path.read_text())
-            index = {str(k): (str(sig), float(flops), str(constants))
+            index = {str(k): IndexEntry(str(sig), float(flops), str(constants))
                      for k, (sig, flops, constants) in data["workloads"].items()}
         except OSError as err:
             raise RecordError(f"{index_path}: cannot read ({err.strerror or err})") from None
@@ -282,12 +290,12 @@ class ScheduleDatabase:
             candidates = sorted(own, key=lambda r: r.task.hardware_params.vector_unit_bytes != vector_bytes)
         else:
             sig, flops, constants = signature(task), max(task.compute_dag.flop_ct, 1.0), constant_reads(task)
-            same = [k for k, (s, _, _) in self.index.items() if s == sig]
+            same = [k for k, e in self.index.items() if e.signature == sig]
             if not same:
                 core = core_signature(sig)
-                same = [k for k, (s, _, _) in self.index.items() if core_signature(s) == core]
-            keys = sorted(same, key=lambda k: (self.index[k][2] != constants,
-                                               abs(math.log(max(self.index[k][1], 1.0) / flops))))
+                same = [k for k, e in self.index.items() if core_signature(e.signature) == core]
+            keys = sorted(same, key=lambda k: (self.index[k].constants != constants,
+                                               abs(math.log(max(self.index[k].flops, 1.0) / flops))))
             candidates = [best_of(recs, vector_bytes) for recs in map(self.records, keys[:limit]) if recs]
         states: list[State] = []
         seen: set = set()
