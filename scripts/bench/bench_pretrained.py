@@ -9,7 +9,8 @@ For each model, in a work dir that keeps the logs (a rerun reuses a log that exi
 1. ``ansor tune --onnx FILE --minutes 2`` (the default: pretrained) into ``<name>-pretrained.json``;
 2. ``ansor tune --onnx FILE --minutes 10 --no-pretrained`` into ``<name>-cold.json``, or ``--cold-log``;
 3. the build of each log after each checkpoint minute (the two curves), timed one after another;
-4. the two final builds in turn, ``--rounds`` times: the ratio pretrained / cold of each round, its median.
+4. the two final builds in turn, ``--rounds`` times in each of ``--processes`` fresh processes
+   (``ansor.bench.in_turn``): the ratio pretrained / cold of each round, the median of them all.
 
 TVM_NUM_THREADS = this machine's physical cores. ``--write-docs ROOT`` writes the table into
 ROOT/docs/benchmarks.md. Say which models the shipped files were trained on (docs/pretrained.md): a model
@@ -47,7 +48,8 @@ def tuned_log(onnx: Path, log: Path, minutes: float, cold: bool, startup: float 
 
 def bench(onnx: Path, cold_log: Path | None, args: argparse.Namespace, target, work: Path) -> dict:
     from ansor.bench.network import CHECKPOINTS, tuning_curve
-    from ansor.networks import apply_history_best, build, extract, load_onnx, time_network
+    from ansor.bench.in_turn import time_in_processes
+    from ansor.networks import extract, load_onnx
     name = onnx.stem
     warm_log = work / f"{name}-pretrained.json"
     warm_start, warm_first, warm_trials = tuned_log(onnx, warm_log, args.minutes, cold=False)
@@ -59,23 +61,18 @@ def bench(onnx: Path, cold_log: Path | None, args: argparse.Namespace, target, w
                                    args.repeat, 1.0, work, f"{name}-pretrained-part"))
     cold_curve = list(tuning_curve(extraction, cold_log, cold_start, args.cold_minutes, CHECKPOINTS, target,
                                    args.repeat, 1.0, work, f"{name}-cold-part"))
-    builds = [build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)
-              for log in (warm_log, cold_log)]
-    rounds = []
-    for _ in range(args.rounds):
-        times = []
-        for exe in builds:
-            time.sleep(1)
-            times.append(time_network(exe, extraction.network, target=target, repeat=args.repeat).median_ms)
-        rounds.append(times)
+    per_process = time_in_processes(onnx, [warm_log, cold_log], args.processes, args.rounds, args.repeat)
+    rounds = [r for process in per_process for r in process]
     ratios = [w / c for w, c in rounds]
     result = {"name": name, "warm_trials": warm_trials, "cold_trials": cold_trials,
               "warm_ms": statistics.median(r[0] for r in rounds), "cold_ms": statistics.median(r[1] for r in rounds),
-              "ratio": statistics.median(ratios), "won": sum(r <= 1.0 for r in ratios),
+              "ratio": statistics.median(ratios), "won": sum(r <= 1.0 for r in ratios), "rounds": len(ratios),
+              "per_process": [statistics.median(w / c for w, c in process) for process in per_process],
               "warm_curve": warm_curve, "cold_curve": cold_curve}
     print(f"{name}: pretrained {args.minutes:g} min ({warm_trials} trials) {result['warm_ms']:.2f} ms, cold "
           f"{args.cold_minutes:g} min ({cold_trials} trials) {result['cold_ms']:.2f} ms; in turn "
-          f"{result['ratio']:.3f} (pretrained as fast or faster in {result['won']} of {len(ratios)} rounds)")
+          f"{result['ratio']:.3f} (pretrained as fast or faster in {result['won']} of {len(ratios)} rounds; per "
+          f"process {', '.join(f'{x:.3f}' for x in result['per_process'])})")
     for label, points in (("pretrained", warm_curve), ("cold", cold_curve)):
         print(f"  curve {label}: " + ", ".join(f"{m:g} min {ms:.2f} ms" for m, ms in points), flush=True)
     return result
@@ -90,16 +87,19 @@ def markdown(results: list[dict], args: argparse.Namespace, cpu: str) -> str:
         def fmt(points):
             return ", ".join(f"{m:g}: {ms:.2f}" for m, ms in points)
         rows.append([r["name"], f"{r['warm_ms']:.2f} ({r['warm_trials']})", f"{r['cold_ms']:.2f} ({r['cold_trials']})",
-                     f"**{r['ratio']:.3f}**", f"{r['won']} of {args.rounds}", fmt(r["warm_curve"]),
+                     f"**{r['ratio']:.3f}**", f"{r['won']} of {r['rounds']}",
+                     ", ".join(f"{x:.3f}" for x in r["per_process"]), fmt(r["warm_curve"]),
                      fmt(r["cold_curve"])])
     table = markdown_table(["model", f"pretrained {args.minutes:g} min: ms (trials)",
                             f"cold {args.cold_minutes:g} min: ms (trials)", "pretrained / cold, in turn",
-                            "rounds pretrained won", "curve pretrained (min: ms)", "curve cold (min: ms)"], rows,
-                           "<>>>><<")
+                            "rounds pretrained won", "per process", "curve pretrained (min: ms)",
+                            "curve cold (min: ms)"], rows, "<>>>>><<")
     return (f"## Pretrained start: {args.minutes:g} minutes against {args.cold_minutes:g} cold\n\n{prov.markdown()}\n"
             f"{table}\n\nModels outside the shipped files' training data (docs/pretrained.md). Each build is "
-            "timed alone for the curves, then the two final builds in turn; the ratio is the median of the "
-            "per-round ratios.\n")
+            "timed alone for the curves, then the two final builds in turn, in "
+            f"{args.processes} fresh processes of {args.rounds} rounds each (a network's time differs by a few "
+            "percent from one process to the next, and rounds in one process share its offset); the ratio is the median of all rounds' "
+            "ratios, and each process's median is listed.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
                              "tuning; its curve starts as long before its first measurement as the "
                              "pretrained run's did (the startup)")
     parser.add_argument("--work-dir", type=Path, required=True, help="logs (kept: a rerun reuses them)")
-    parser.add_argument("--rounds", type=int, default=5, help="in-turn rounds of the final builds (default 5)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="in-turn rounds of the final builds in each timing process (default 5)")
+    parser.add_argument("--processes", type=int, default=3,
+                        help="fresh processes that time the final builds in turn, one after another (default 3)")
     parser.add_argument("--repeat", type=int, default=5, help="timing repeats of each build (default 5)")
     parser.add_argument("--write-docs", type=Path, default=None, metavar="ROOT",
                         help="write the table into ROOT/docs/benchmarks.md")
@@ -123,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not Path(path).is_file():
             parser.error(f"--cold-log {item!r}: give NAME=LOG with an existing log")
         cold[name] = Path(path)
+    if args.rounds < 1 or args.processes < 1:
+        parser.error(f"--rounds and --processes must be at least 1 (got {args.rounds} and {args.processes})")
     missing = [str(p) for p in args.onnx if not p.is_file()]
     if missing:
         parser.error(f"no such ONNX file: {', '.join(missing)}")

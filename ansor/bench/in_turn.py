@@ -1,0 +1,79 @@
+"""Time the builds of several tuning logs of one network in turn, in fresh processes.
+
+A network's time differs by a few percent from one process to the next, for the process's whole life: the
+same two ViT-B/16 builds timed in turn (7 rounds each) in three processes one after another gave ratios
+0.990, 1.038 and 0.986 (2-core Zen 5; huge pages for every allocation did not remove it). Rounds in one
+process share its offset, so they cannot average it out; rounds spread over several processes can.
+
+  python -m ansor.bench.in_turn MODEL.onnx A.json B.json --rounds 5 --repeat 5
+
+prints, as its last line, the JSON list of rounds: each the median milliseconds of every log's build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import short_message
+from ..networks import apply_history_best, build, extract, load_onnx, time_network
+from ..target import parse_target
+
+Rounds = list[list[float]]
+
+
+def time_in_turn(onnx: Path, logs: Sequence[Path], rounds: int, repeat: int, target=None) -> Rounds:
+    """Build each log's best schedules into the network and time the builds one after another, ``rounds``
+    times; each round starts with the next build, so no build always runs right after the same one."""
+    target = parse_target(target)
+    extraction = extract(load_onnx(onnx), target)
+    builds = [build(apply_history_best(extraction.mod, extraction.tasks, str(log), target=target), target)
+              for log in logs]
+    result = []
+    for i in range(rounds):
+        times = [0.0] * len(builds)
+        for k in range(len(builds)):
+            j = (i + k) % len(builds)
+            time.sleep(1)
+            times[j] = time_network(builds[j], extraction.network, target=target, repeat=repeat).median_ms
+        result.append(times)
+    return result
+
+
+def time_in_processes(onnx: Path, logs: Sequence[Path], processes: int, rounds: int, repeat: int) -> list[Rounds]:
+    """:func:`time_in_turn` in ``processes`` fresh Python processes, one after another (the caller's
+    environment, TVM_NUM_THREADS included); one list of rounds per process."""
+    out = []
+    for _ in range(processes):
+        cmd = [sys.executable, "-m", "ansor.bench.in_turn", str(onnx), *map(str, logs),
+               "--rounds", str(rounds), "--repeat", str(repeat)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"timing {onnx.name} in a fresh process failed ({proc.returncode}): "
+                               f"{short_message(proc.stderr, pick='last')}")
+        out.append(json.loads(lines[-1]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("onnx", type=Path, help="the network")
+    parser.add_argument("logs", nargs="+", type=Path, help="tuning logs of that network")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of timings in turn (default 5)")
+    parser.add_argument("--repeat", type=int, default=5, help="timing repeats of each build per round (default 5)")
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in (args.onnx, *args.logs) if not p.is_file()]
+    if missing:
+        parser.error(f"no such file: {', '.join(missing)}")
+    print(json.dumps(time_in_turn(args.onnx, args.logs, args.rounds, args.repeat)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
