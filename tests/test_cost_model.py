@@ -261,6 +261,24 @@ def test_incremental_updates_retrain_on_everything(task, synthetic, extractor):
     assert len(model.data) == 64 and model.last_train.programs == 64  # capped per task
 
 
+def test_updates_between_two_predictions_cost_one_training(task, synthetic, extractor, monkeypatch):
+    inputs, results = synthetic
+    trainings = []
+    real_train = xgb.train
+    monkeypatch.setattr(xgb, "train", lambda *a, **kw: trainings.append(1) or real_train(*a, **kw))
+    model = XGBModel(min_train_programs=4, extractor=extractor)
+    for start in range(0, 40, 4):  # ten warm-up-sized rounds, nothing predicted
+        model.update(inputs[start:start + 4], results[start:start + 4])
+    assert trainings == []
+    first = model.predict(task, [inputs[50].state, inputs[51].state])
+    assert len(trainings) == 1 and model.last_train.programs == 40  # one training, on all ten rounds
+    np.testing.assert_array_equal(model.predict(task, [inputs[50].state, inputs[51].state]), first)
+    assert len(trainings) == 1  # nothing new: no retraining
+    model.update(inputs[40:44], results[40:44])
+    model.predict(task, [inputs[50].state])
+    assert len(trainings) == 2 and model.last_train.programs == 44
+
+
 def test_training_set_cap_keeps_best_half_and_most_recent():
     data = TrainingSet(max_programs_per_task=4)
     for i, cost in enumerate([1.0, 9.0, 2.0, 8.0, 7.0, 6.0]):
