@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, Sequence, Union
 
 from .errors import AnsorError, StepError
 from .state.loop_state import State
@@ -276,44 +276,22 @@ class Round:
         return self.search_s + self.measure_s + self.train_s
 
 
-def measure_rounds(pairs: Iterable[tuple[SearchTask, SketchPolicy]], model: CostModel,
-                   measure: Callable[[list[MeasureInput]], list[MeasureResult]], n: int) -> list[Optional[Round]]:
-    """Propose programs of each (task, policy) in turn until ``n`` are proposed, measure them all in one
-    call, and teach each policy and the model its results; one round per pair taken (``None`` for a task
-    whose search space is exhausted). ``pairs`` is read lazily: the pairs after the ``n``-th program are
-    never asked.
-
-    One call serves several tasks' warm-ups (default schedule and seeds, 1-4 programs each): each measurement
-    call also pays a fixed 0.2-0.3 s (Ray round trips, the CPU lease, shipping a new task), which a
-    one-candidate call of DenseNet-121's warm-ups spent beside 0.27 s of builds and 0.11 s of runs.
-    """
-    proposed: list[tuple[SearchTask, SketchPolicy, list[State], float]] = []
-    total = 0
-    for task, policy in pairs:
-        if total >= n:
-            break
-        t0 = time.perf_counter()
-        states = policy.next_batch(n - total)
-        proposed.append((task, policy, states, time.perf_counter() - t0))
-        total += len(states)
-    inputs = [MeasureInput(task, s) for task, _, states, _ in proposed for s in states]
+def measure_round(task: SearchTask, policy: SketchPolicy, model: CostModel,
+                  measure: Callable[[list[MeasureInput]], list[MeasureResult]], n: int) -> Optional[Round]:
+    """Propose up to ``n`` programs of ``task``, measure them, and teach the policy and the model the results;
+    ``None`` when the search space is exhausted (nothing measured)."""
+    t0 = time.perf_counter()
+    states = policy.next_batch(n)
     t1 = time.perf_counter()
-    results = measure(inputs) if inputs else []
-    measure_s = time.perf_counter() - t1
-    rounds: list[Optional[Round]] = []
-    pos = 0
-    for task, policy, states, search_s in proposed:
-        if not states:
-            rounds.append(None)
-            continue
-        ins, res = inputs[pos:pos + len(states)], results[pos:pos + len(states)]
-        pos += len(states)
-        t2 = time.perf_counter()
-        learned = program_results(ins, res)  # an infrastructure failure may be proposed again
-        policy.record(*learned)
-        model.update(*learned)
-        rounds.append(Round(ins, res, search_s, measure_s * len(ins) / len(inputs), time.perf_counter() - t2))
-    return rounds
+    if not states:
+        return None
+    inputs = [MeasureInput(task, s) for s in states]
+    results = measure(inputs)
+    t2 = time.perf_counter()
+    learned = program_results(inputs, results)  # an infrastructure failure may be proposed again
+    policy.record(*learned)
+    model.update(*learned)
+    return Round(inputs, results, t1 - t0, t2 - t1, time.perf_counter() - t2)
 
 
 class RoundSchedule(Protocol):
@@ -329,30 +307,23 @@ class RoundSchedule(Protocol):
     def exhausted(self, index: int, trials: int) -> None:
         """Task ``index`` has nothing left to propose."""
 
-    def warm_ups(self, index: int) -> list[int]:
-        """Other tasks whose first rounds may be measured in the same call as task ``index``'s round, in
-        order; ``[]`` when its round is measured alone."""
-
 
 def run_rounds(tasks: Sequence[SearchTask], policies: Sequence[SketchPolicy], model: CostModel,
                measure: Callable[[list[MeasureInput]], list[MeasureResult]], budget: int, trials: int,
                per_round: int, schedule: RoundSchedule) -> int:
-    """The tuning loop of one task and of a network's tasks alike: rounds (:func:`measure_rounds`) of the task
+    """The tuning loop of one task and of a network's tasks alike: rounds (:func:`measure_round`) of the task
     ``schedule`` picks until ``budget`` trials are spent or ``schedule`` stops. ``trials``: those the history
     already spent. Returns the trials spent, the history's included."""
     while trials < budget:
         index = schedule.next_task(trials)
         if index is None:
             break
-        group = [index, *schedule.warm_ups(index)]
-        rounds = measure_rounds(((tasks[i], policies[i]) for i in group), model, measure,
-                                min(per_round, budget - trials))
-        for i, rnd in zip(group, rounds):
-            if rnd is None:
-                schedule.exhausted(i, trials)
-                continue
-            trials += len(rnd.inputs)
-            schedule.round_done(i, rnd, trials)
+        rnd = measure_round(tasks[index], policies[index], model, measure, min(per_round, budget - trials))
+        if rnd is None:
+            schedule.exhausted(index, trials)
+            continue
+        trials += len(rnd.inputs)
+        schedule.round_done(index, rnd, trials)
     return trials
 
 
@@ -395,9 +366,6 @@ class _OneTask:
     def exhausted(self, index: int, trials: int) -> None:
         logger.info("search space exhausted after %d trials", trials)
         self.done = True
-
-    def warm_ups(self, index: int) -> list[int]:
-        return []
 
 
 def auto_schedule(task: SearchTask, options: Optional[TuningOptions] = None, measurer: Optional[Measurer] = None,

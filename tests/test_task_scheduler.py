@@ -1,13 +1,8 @@
-"""The gradient task scheduler's decisions, on synthetic latency curves (no measurement needed), and how
-several tasks' warm-ups are measured (real builds and runs on a local Ray)."""
+"""The gradient task scheduler's decisions, on synthetic latency curves (no measurement needed)."""
 
 import pytest
 
-from ansor.cost_model import XGBModel
-from ansor.log.measurement import MAX_COST
-from ansor.networks import default_candidates
-from ansor.task.search_task import SearchTask
-from ansor.task_scheduler import Allocator, TaskState, schedule_tasks, unseeded_tasks
+from ansor.task_scheduler import Allocator, TaskState, unseeded_tasks
 
 
 def simulate(alloc: Allocator, curves, rounds: int, trials_per_round: int = 16) -> list[int]:
@@ -109,26 +104,3 @@ def test_objective_is_weighted_sum_and_bad_strategy_is_rejected():
     assert alloc.objective() == pytest.approx(2 * 0.5 + 3 * 0.25)
     with pytest.raises(ValueError, match="round-robin"):
         Allocator([], strategy="greedy")
-
-
-@pytest.mark.parametrize("per_round, calls", [(16, 1), (2, 2)])
-def test_warm_ups_of_several_tasks_share_measurement_calls(local_ray, per_round, calls):
-    from ansor.measure.measurer import ProgramMeasurer
-    target = {"kind": "llvm", "num-cores": 1}  # generic code: runs on any x86-64 or other LLVM host
-    tasks = [SearchTask.from_workload(f"matmul-{n}", target) for n in (16, 24, 32, 40)]
-    seen: list[set[str]] = []
-
-    class Counting:
-        def __init__(self, real):
-            self.real = real
-
-        def measure(self, inputs):
-            seen.append({inp.task.workload_key for inp in inputs})
-            return self.real.measure(inputs)
-
-    with ProgramMeasurer(min_repeat_ms=1) as measurer:
-        alloc = schedule_tasks(tasks, [1.0] * len(tasks), len(tasks), Counting(measurer), XGBModel(),
-                               per_round=per_round, first=[default_candidates(t) for t in tasks])
-    assert len(seen) == calls  # one call per round of up to per_round programs, not one per task
-    assert set().union(*seen) == {t.workload_key for t in tasks}
-    assert all(t.rounds == 1 and t.trials == 1 and t.best_cost < MAX_COST for t in alloc.tasks)

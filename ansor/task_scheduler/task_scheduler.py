@@ -241,13 +241,6 @@ class _AllocatorSchedule:
     def exhausted(self, index: int, trials: int) -> None:
         self.alloc.tasks[index].dead = True
 
-    def warm_ups(self, index: int) -> list[int]:
-        """The other tasks not yet visited, while ``index`` is not: warm-ups share measurement calls."""
-        tasks = self.alloc.tasks
-        if tasks[index].rounds:
-            return []
-        return [i for i, t in enumerate(tasks) if i != index and not t.dead and t.rounds == 0]
-
 
 def _tag(task: SearchTask) -> str:
     """Tasks with the same op kind (e.g. every fused conv2d) count as similar for the forward estimate."""
