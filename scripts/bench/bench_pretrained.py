@@ -96,10 +96,10 @@ def markdown(results: list[dict], args: argparse.Namespace, cpu: str) -> str:
                             "curve cold (min: ms)"], rows, "<>>>>><<")
     return (f"## Pretrained start: {args.minutes:g} minutes against {args.cold_minutes:g} cold\n\n{prov.markdown()}\n"
             f"{table}\n\nModels outside the shipped files' training data (docs/pretrained.md). Each build is "
-            "timed alone for the curves, then the two final builds in turn, in "
-            f"{args.processes} fresh processes of {args.rounds} rounds each (a network's time differs by a few "
-            "percent from one process to the next, and rounds in one process share its offset); the ratio is the median of all rounds' "
-            "ratios, and each process's median is listed.\n")
+            f"timed alone for the curves, then the two final builds in turn, in {args.processes} fresh processes "
+            f"of {args.rounds} rounds each (a network's time differs by a few percent from one process to the "
+            "next, and rounds in one process share its offset); the ratio is the median of all rounds' ratios, "
+            "and each process's median is listed.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
