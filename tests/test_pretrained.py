@@ -20,12 +20,15 @@ from ansor.cost_model.training import evaluate, to_measure_pairs
 from ansor.errors import StepError
 from ansor.log.measurement import ErrorNo, MeasureInput, MeasureResult
 from ansor.log.records import RecordWriter, load_records
-from ansor.log.seeds import ScheduleDatabase, constant_reads, core_signature, refit, seed_states, signature
+from ansor.log.seeds import (
+    Kinship, ScheduleDatabase, constant_reads, core_signature, refit, seed_states, signature,
+)
 from ansor.sketch.search_space import generate_sketches, sample_initial_population, space_of
 from ansor.state.loop_nest import AttachKind
 from ansor.state.transform_steps.layout import LayoutRewriteStep
 from ansor.state.transform_steps.split import SplitStep
 from ansor.state.transform_steps.placement import ComputeAtStep
+from ansor.state.transform_steps.stages import CacheWriteStep
 from ansor.task.workloads import register_workload
 from ansor.target import parse_target, shipped_file
 from ansor.tuning import TuningOptions, make_cost_model
@@ -276,3 +279,51 @@ def test_seeds_of_another_epilogue_only_when_no_record_has_the_same_stages(data_
     seeds = seed_states(scaled)
     assert seeds and all(s.stages[-1].name == "out" for s in seeds)
     assert seed_states(ansor.SearchTask.from_workload("matmul-64", AVX2)) == []  # another output stage
+
+
+def _matmul_only(name: str):
+    """A matmul whose output is its reduction (no epilogue), named as :func:`_linear`'s."""
+    def make():
+        x, w = te.placeholder((64, 48), "float32", name="x"), te.placeholder((48, 32), "float32", name="w")
+        r = te.reduce_axis((0, 48), name="r")
+        return [x, w, te.compute((64, 32), lambda i, j: te.sum(x[i, r] * w[r, j], axis=r), name="matmul")]
+
+    register_workload(name, make, lambda ins: [ins[0] @ ins[1]])
+    return ansor.SearchTask.from_workload(name, AVX2)
+
+
+def test_refit_gives_a_reduction_without_epilogue_the_steps_of_one_with_a_cache_write():
+    """DenseNet-121's transition convolutions (no epilogue) take the steps of its fused ones: a cache write
+    of the reduction stands for the epilogue, as the sketch of an epilogue-free reduction tiles it."""
+    linear, bare = _linear("linear-bias-cw", False), _matmul_only("matmul-only-cw")
+    assert Kinship.of(signature(linear), signature(bare)) == Kinship.CACHE_WRITE
+    assert Kinship.of(signature(bare), signature(linear)) is None  # the other way round is not supported
+    programs = sample_initial_population(linear, generate_sketches(linear), 8, random.Random(2))
+    space = space_of(bare.target)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((64, 48)).astype("float32"), rng.standard_normal((48, 32)).astype("float32")
+    for program in programs:
+        state = refit(bare, program.steps, linear)
+        assert isinstance(state.steps[0], CacheWriteStep) and space.check(bare, state) is None
+        assert [(it.extent, it.annotation) for it in state.stages[-1].iters] == \
+            [(it.extent, it.annotation) for it in program.stages[-1].iters]  # the output's loops, as recorded
+        lib = tvm.compile(bare.compute_dag.replay(state).mod, target="llvm")
+        out = tvm.runtime.tensor(np.zeros((64, 32), "float32"))
+        lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+        np.testing.assert_allclose(out.numpy(), x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_reduction_without_epilogue_is_seeded_from_fused_records_only_when_it_has_none_of_its_own(data_dir):
+    linear, bare = _linear("linear-bias-cw-seed", False), _matmul_only("matmul-only-cw-seed")
+    log = data_dir / "cpu.schedules.json"
+    fused = sample_initial_population(linear, generate_sketches(linear), 2, random.Random(3))
+    with RecordWriter(log) as writer:
+        writer.write([MeasureInput(linear, p) for p in fused], [ok(2e-5), ok(1e-5)])
+    ScheduleDatabase.write_index(load_records(log), log)
+    seeds = seed_states(bare)
+    assert seeds and all(isinstance(s.steps[0], CacheWriteStep) for s in seeds)
+    own = sample_initial_population(bare, generate_sketches(bare), 1, random.Random(4))[0]
+    with RecordWriter(log) as writer:
+        writer.write([MeasureInput(bare, own)], [ok(3e-5)])
+    ScheduleDatabase.write_index(load_records(log), log)
+    assert [s.key() for s in ScheduleDatabase.read(log).seeds(bare)] == [own.key()]

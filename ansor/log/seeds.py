@@ -11,7 +11,10 @@ each ISA they were tuned on (``scripts/train_pretrained.py``). A task starts by 
   FLOPs, with every split re-fitted to the new loop extents (:func:`refit`);
 - else those of the same operator with other element-wise stages between its last reduction and its
   output (:func:`core_signature`): a linear layer whose epilogue also scales and adds a residual takes the
-  steps of one that only adds a bias, its extra stages inlined.
+  steps of one that only adds a bias, its extra stages inlined;
+- else, for a task whose output is its reduction, those of the same operator with an epilogue: the
+  epilogue's place is taken by a cache-write stage, as the sketch of an epilogue-free reduction tiles it
+  (DenseNet-121's transition convolutions from its fused ones, :class:`Kinship`).
 
 A seed is an ordinary candidate: it costs a trial, is measured like any other, and wins only if it is
 the fastest; a seed whose steps do not fit the task is skipped.
@@ -20,6 +23,7 @@ the fastest; a seed whose steps do not fit the task is skipped.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import logging
 import math
@@ -89,7 +93,32 @@ def core_signature(sig: str) -> str:
 
 def _last_reduction(parts: Sequence[str]) -> int:
     """The index of the last stage with a reduction loop among a signature's parts (-1: none)."""
-    return max((k for k, p in enumerate(parts[:-1]) if "R" in p.rsplit(":", 2)[1]), default=-1)
+    return max((k for k, p in enumerate(parts[:-1]) if _reduces(p)), default=-1)
+
+
+def _reduces(part: str) -> bool:
+    """True when the stage of a signature's part has a reduction loop."""
+    return "R" in part.rsplit(":", 2)[1]
+
+
+class Kinship(enum.IntEnum):
+    """How the steps recorded on one task carry over to another, closest first."""
+
+    SAME = 0  # the same signature: the steps apply as recorded (splits re-fitted)
+    EPILOGUE = 1  # the same core signature: the task's epilogue stages are inlined, the record's dropped
+    CACHE_WRITE = 2  # the task ends at the record's last reduction: a cache write stands for its epilogue
+
+    @staticmethod
+    def of(recorded: str, own: str) -> Optional["Kinship"]:
+        """The kinship of the signatures ``recorded`` and ``own`` (None: the steps do not carry over)."""
+        if recorded == own:
+            return Kinship.SAME
+        if core_signature(recorded) == core_signature(own):
+            return Kinship.EPILOGUE
+        src, dst = recorded.split("|"), own.split("|")
+        if _reduces(dst[-1]) and src[:_last_reduction(src) + 1] == dst:
+            return Kinship.CACHE_WRITE
+        return None
 
 
 class _StageMap:
@@ -97,11 +126,11 @@ class _StageMap:
     up to date as steps add stages (a cache, an rfactor). The source's epilogue stages map to none (its
     steps on them must be inlines, which are dropped); ``extra`` are the task's, inlined before replay."""
 
-    def __init__(self, source: str, task: str):
-        src, dst = source.split("|"), task.split("|")
+    def __init__(self, source: str, stages: int):
+        src = source.split("|")
         last = _last_reduction(src)
-        self.ids: list[Optional[int]] = [*range(last + 1), *([None] * (len(src) - last - 2)), len(dst) - 1]
-        self.extra = list(range(last + 1, len(dst) - 1))
+        self.ids: list[Optional[int]] = [*range(last + 1), *([None] * (len(src) - last - 2)), stages - 1]
+        self.extra = list(range(last + 1, stages - 1))
 
     def dropped(self, stage_id: int) -> bool:
         """True for the recorded task's epilogue stages, which this task has not."""
@@ -134,7 +163,8 @@ def refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask] 
     cache read) then names the one ``task``'s stage reads at the same place: models name their arguments
     differently (BERT's attention product reads ``B`` where ViT's reads ``permute_dims``). When ``source``
     has another element-wise epilogue (the same :func:`core_signature`), ``task``'s epilogue stages are
-    inlined first and the steps are moved to the stages they correspond to.
+    inlined first and the steps are moved to the stages they correspond to; when ``task`` ends at
+    ``source``'s last reduction, a cache write of it first adds the stage that takes the epilogue's steps.
 
     Raises :class:`~ansor.errors.StepError` when a step does not fit ``task``.
     """
@@ -152,10 +182,14 @@ def _refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask]
     origin = source.compute_dag.init_state() if source is not None else None
     stages = None
     recorded, own = (signature(source), signature(task)) if source is not None else ("", "")
-    if recorded != own and core_signature(recorded) == core_signature(own):
-        stages = _StageMap(recorded, own)
+    kinship = Kinship.of(recorded, own)
+    if kinship == Kinship.EPILOGUE:
+        stages = _StageMap(recorded, len(state.stages))
         for stage_id in stages.extra:
             state.compute_inline(stage_id)
+    elif kinship == Kinship.CACHE_WRITE:
+        state.cache_write(len(state.stages) - 1, "local")
+        stages = _StageMap(recorded, len(state.stages))
     at: list[Optional[int]] = []  # where each recorded step is in ``state.steps`` (None: dropped)
     spatial = []
     for k, step in enumerate(steps):
@@ -290,10 +324,9 @@ class ScheduleDatabase:
             candidates = sorted(own, key=lambda r: r.task.hardware_params.vector_unit_bytes != vector_bytes)
         else:
             sig, flops, constants = signature(task), max(task.compute_dag.flop_ct, 1.0), constant_reads(task)
-            same = [k for k, e in self.index.items() if e.signature == sig]
-            if not same:
-                core = core_signature(sig)
-                same = [k for k, e in self.index.items() if core_signature(e.signature) == core]
+            kin = {k: kinship for k, e in self.index.items() if (kinship := Kinship.of(e.signature, sig)) is not None}
+            closest = min(kin.values(), default=None)
+            same = [k for k, kinship in kin.items() if kinship == closest]
             keys = sorted(same, key=lambda k: (self.index[k].constants != constants,
                                                abs(math.log(max(self.index[k].flops, 1.0) / flops))))
             candidates = [best_of(recs, vector_bytes) for recs in map(self.records, keys[:limit]) if recs]
