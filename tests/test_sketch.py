@@ -331,3 +331,49 @@ def test_vectorize_only_contiguous_loops():
     state.reorder(0, [0, 2, 1])
     state.fuse(0, [1, 2])
     assert not contiguous(state.stages[0], state.stages[0].iters[1:])  # k*j fused: two variables
+
+
+def _concat_relu(name: str, channels: tuple[int, ...]) -> SearchTask:
+    """ReLU of a concatenation along NHWC channels (DenseNet's blocks), registered as workload ``name``."""
+    from tvm import te, topi
+    from ansor.task.workloads import register_workload
+
+    def make():
+        inputs = [te.placeholder((1, 14, 14, c), "float32", name=f"x{k}") for k, c in enumerate(channels)]
+        return [*inputs, topi.nn.relu(topi.concatenate(inputs, axis=3))]
+
+    register_workload(name, make, lambda ins: [np.maximum(np.concatenate(ins, axis=3), 0)])
+    return SearchTask.from_workload(name, TARGET)
+
+
+def test_a_concatenation_is_vectorized_in_runs_of_its_inputs_and_computes_the_right_answer():
+    """Vectorized across its inputs, each lane of a concatenation picks its own input: LLVM compiles that
+    to gathers. In runs of the inputs' channel counts' gcd, the runs unrolled, each vector reads one."""
+    from ansor.networks import default_state
+
+    task = _concat_relu("concat-64-32-96-relu", (64, 32, 96))
+    concat = next(k for k, s in enumerate(task.compute_dag.stages) if s.name.startswith("T_concat"))
+    assert dict(task.compute_dag.stages[concat].block.branch_periods) == {"v_ax3": 32}
+    state = default_state(task)
+    runs = [(it.extent, it.annotation) for it in state.stages[concat].iters[-2:]]
+    assert runs == [(6, "unroll"), (32, "vectorize")]
+    inputs = program.random_inputs(task)
+    got = program.run_program(program.build_kernel(task, state)[0], inputs)[-1]
+    np.testing.assert_array_equal(got, np.maximum(np.concatenate(inputs[:3], axis=3), 0))
+    inlined = task.compute_dag.init_state()
+    inlined.compute_inline(concat)  # the consumer now branches along its channels, in the same runs
+    assert dict(inlined.stages[-1].block.branch_periods) == {"v_i3": 32}
+    assert annotation.vectorize_branch_runs(inlined, len(inlined.stages) - 1)
+    got = program.run_program(program.build_kernel(task, inlined)[0], inputs)[-1]
+    np.testing.assert_array_equal(got, np.maximum(np.concatenate(inputs[:3], axis=3), 0))
+
+
+def test_a_concatenation_whose_runs_are_too_many_or_too_short_is_vectorized_as_before():
+    odd = _concat_relu("concat-33-31-relu", (33, 31))  # runs of 1 channel
+    assert not annotation.vectorize_branch_runs(odd.compute_dag.init_state(), 0)
+    many = _concat_relu("concat-8x65-relu", (8,) * 65)  # 65 runs of 8 > MAX_UNROLLED_VECTORS
+    concat = len(many.compute_dag.stages) - 2
+    assert not annotation.vectorize_branch_runs(many.compute_dag.init_state(), concat)
+    conv = SearchTask.from_workload("conv2d-bn-relu", TARGET)  # a padding branches along rows, not channels
+    pad = conv.compute_dag.stages[0].block
+    assert pad.branch_periods and pad.vars[-1].name not in dict(pad.branch_periods)

@@ -55,6 +55,12 @@ P_FOLLOW_CONSUMERS = 0.75
 #: took 0.91 us serial and 1.05 us on two threads (hot), and a 1 x 1152 x 48 one 47 against 24 us.
 SERIAL_MAX_WORK = 1 << 16
 P_SERIAL = 0.25
+#: A loop whose branch (a concatenation's input) changes along it is vectorized in runs of the branch's
+#: period, its outer part unrolled so each vector's branch is known when compiled, if that unrolls at most
+#: this many vectors: vectorized across the branches, each lane loads through a gather. DenseNet-121's
+#: 14x14 concatenations of up to 31 32-channel inputs (and batch norm, ReLU) took 0.12-0.29 ms so, and
+#: 0.04-0.07 ms in runs of 32 (AMD EPYC Zen 5, 2 threads).
+MAX_UNROLLED_VECTORS = 64
 #: Registers a register block leaves free for the operands (a broadcast input, the weight vectors).
 SPARE_REGISTERS = 4
 #: A spatial iterator of the CPU tiling structure is split into one level per ``S``: that many less one lengths.
@@ -361,14 +367,17 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
     """Vectorize (a fusion of) the innermost spatial loops of every stage, up to 64 lanes.
 
     Beyond Ansor: only loops whose every access is contiguous are vectorized (a strided vector access is
-    a gather: slow, and fully unrolled it can take LLVM minutes to compile), and an untiled stage whose
-    innermost loop is too long is split first, so element-wise epilogues still get vector code.
+    a gather: slow, and fully unrolled it can take LLVM minutes to compile), an untiled stage whose
+    innermost loop is too long is split first, so element-wise epilogues still get vector code, and one
+    that branches along it is vectorized by :func:`vectorize_branch_runs`.
     """
     for stage_id, stage in enumerate(state.stages):
         if stage.compute_at == AttachKind.INLINED or not stage.iters:
             continue
         tiled = any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps)
         attached_at = {state.stages[c].attach[1] for c in state.attached_to(stage_id)}
+        if not tiled and (len(stage.iters) - 1) not in attached_at and vectorize_branch_runs(state, stage_id):
+            continue
         n = len(stage.iters)
         fusible, length = 0, 1
         while fusible < n:
@@ -396,6 +405,29 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
         else:
             state.fuse(stage_id, list(range(n - fusible, n)))
             state.annotate(stage_id, n - fusible, "vectorize")
+
+
+def vectorize_branch_runs(state: State, stage_id: int) -> bool:
+    """Vectorize the innermost loop of a stage whose ``if_then_else`` branch changes along it in runs of
+    the branch's period, unrolling the runs (:data:`MAX_UNROLLED_VECTORS`); False (nothing done) when it
+    does not branch along that loop or the runs are too short or too many."""
+    stage = state.stages[stage_id]
+    last = stage.iters[-1]
+    if last.kind != IterKind.SPATIAL or last.annotation != "none" or len(last.parts) != 1 or not last.extent:
+        return False
+    period = dict(stage.block.branch_periods).get(last.parts[0].var)
+    if period is None or last.parts[0].stride != 1 or not contiguous(stage, (last,)):
+        return False
+    lanes = largest_divisor_at_most(math.gcd(period, last.extent), MAX_VECTORIZE_LANES)
+    if lanes < 2 or last.extent // lanes > MAX_UNROLLED_VECTORS:
+        return False
+    n = len(stage.iters)
+    if lanes < last.extent:
+        state.split(stage_id, n - 1, [lanes])
+        state.annotate(stage_id, n - 1, "unroll")
+        n += 1
+    state.annotate(stage_id, n - 1, "vectorize")
+    return True
 
 
 def annotate_layout_rewrite(state: State, rng: random.Random) -> None:

@@ -90,6 +90,9 @@ class BlockInfo:
     vars: tuple[BlockVar, ...]
     reads: tuple[Access, ...]
     writes: tuple[Access, ...]
+    #: ``(variable, period)`` of each variable an ``if_then_else`` condition depends on (a concatenation's
+    #: channel, a padding's rows): along it, the branch taken can change only at multiples of the period.
+    branch_periods: tuple[tuple[str, int], ...] = ()
 
     def var(self, name: str) -> BlockVar:
         for v in self.vars:

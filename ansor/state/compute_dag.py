@@ -18,6 +18,7 @@ from tvm import te, tirx
 from tvm.ir import Call
 from tvm.ir.expr import TensorLoad
 from tvm.ir.prim import expr as E
+from tvm.tirx.analysis import undefined_vars
 
 from .access import Access, Affine, BlockInfo, BlockVar, IterKind, LoopPart
 from ..errors import AnsorError
@@ -117,7 +118,8 @@ class ComputeDAG:
         writes = (Access(store.buffer.name, tuple(_affine(i, var_names) for i in store.indices)),)
         reads: list[Access] = []
         calls: list[str] = []
-        flops = _walk(store.value, reads, calls, var_names, self._note_buffer)
+        periods: dict[str, int] = {}
+        flops = _walk(store.value, reads, calls, periods, var_names, self._note_buffer)
         # A reduction update reads its own output (C = C + ...): that is not a data dependence.
         reads = [r for r in reads if r.buffer != store.buffer.name]
         loop_var_of = {l.loop_var.name: l for l in loops}
@@ -148,8 +150,9 @@ class ComputeDAG:
             n_missing += any(s not in used for s in spatial)
         needs_tiling = n_missing >= 2 or (n_missing >= 1 and is_reduction)
         total = flops * math.prod(v.extent for v in vars_)
-        return DagStage(block.name_hint, BlockInfo(vars_, tuple(reads), writes), loop_info, is_output,
-                        is_reduction, strictly_inlineable, needs_tiling, has_branch, has_expensive, total)
+        block_info = BlockInfo(vars_, tuple(reads), writes, tuple(sorted(periods.items())))
+        return DagStage(block.name_hint, block_info, loop_info, is_output, is_reduction, strictly_inlineable,
+                        needs_tiling, has_branch, has_expensive, total)
 
     def _note_buffer(self, buf) -> None:
         if buf.name not in self.buffer_shapes:
@@ -235,37 +238,68 @@ def _add(a: Affine, b: Affine) -> Affine:
     return Affine(tuple((n, c) for n, c in coefs.items() if c), a.const + b.const)
 
 
-def _walk(expr, reads: list[Access], calls: list[str], var_names: set[str], note_buffer) -> int:
-    """Collect loads and call names under ``expr``; return its float operation count."""
+def _walk(expr, reads: list[Access], calls: list[str], periods: dict[str, int], var_names: set[str],
+          note_buffer) -> int:
+    """Collect loads, call names and the periods of the variables ``if_then_else`` conditions depend on
+    (:func:`_branch_periods`) under ``expr``; return its float operation count."""
     if isinstance(expr, TensorLoad):
         note_buffer(expr.source)
         reads.append(Access(expr.source.name, tuple(_affine(i, var_names) for i in expr.indices)))
         for index in expr.indices:  # indirect loads (gather) are reads too; integer math is no FLOP
-            _walk(index, reads, calls, var_names, note_buffer)
+            _walk(index, reads, calls, periods, var_names, note_buffer)
         return 0
     is_float = str(getattr(expr, "ty", "")).startswith(("float", "bfloat"))
     if isinstance(expr, _FLOP_BINOPS):
-        return int(is_float) + _walk(expr.a, reads, calls, var_names, note_buffer) + \
-            _walk(expr.b, reads, calls, var_names, note_buffer)
+        return int(is_float) + _walk(expr.a, reads, calls, periods, var_names, note_buffer) + \
+            _walk(expr.b, reads, calls, periods, var_names, note_buffer)
     if isinstance(expr, (E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE, E.And, E.Or)):
-        return _walk(expr.a, reads, calls, var_names, note_buffer) + \
-            _walk(expr.b, reads, calls, var_names, note_buffer)
+        return _walk(expr.a, reads, calls, periods, var_names, note_buffer) + \
+            _walk(expr.b, reads, calls, periods, var_names, note_buffer)
     if isinstance(expr, (E.Cast, E.Not)):
         inner = expr.value if isinstance(expr, E.Cast) else expr.a
-        return _walk(inner, reads, calls, var_names, note_buffer)
+        return _walk(inner, reads, calls, periods, var_names, note_buffer)
     if isinstance(expr, E.Let):  # a value computed once and used by name (ansor.networks.fast_math)
-        return _walk(expr.value, reads, calls, var_names, note_buffer) + \
-            _walk(expr.body, reads, calls, var_names, note_buffer)
+        return _walk(expr.value, reads, calls, periods, var_names, note_buffer) + \
+            _walk(expr.body, reads, calls, periods, var_names, note_buffer)
     if isinstance(expr, E.Select):
         calls.append("select")
-        cond = _walk(expr.condition, reads, calls, var_names, note_buffer)
-        return cond + max(_walk(expr.true_value, reads, calls, var_names, note_buffer),
-                          _walk(expr.false_value, reads, calls, var_names, note_buffer))
+        cond = _walk(expr.condition, reads, calls, periods, var_names, note_buffer)
+        return cond + max(_walk(expr.true_value, reads, calls, periods, var_names, note_buffer),
+                          _walk(expr.false_value, reads, calls, periods, var_names, note_buffer))
     if isinstance(expr, Call):
         name = str(getattr(expr.op, "name", "")).rsplit(".", 1)[-1]  # "tirx.exp", "prim.if_then_else"
         calls.append(name)
-        counts = [_walk(a, reads, calls, var_names, note_buffer) for a in expr.args]
+        counts = [_walk(a, reads, calls, periods, var_names, note_buffer) for a in expr.args]
+        if name == "if_then_else" and len(counts) == 3:
+            _branch_periods(expr.args[0], var_names, periods)
         if name in _BRANCH_CALLS and len(counts) == 3:
             return counts[0] + max(counts[1], counts[2])
         return int(is_float and name in _EXPENSIVE_CALLS) + sum(counts)
     return 0
+
+
+def _branch_periods(cond, var_names: set[str], periods: dict[str, int]) -> None:
+    """Note in ``periods`` each variable ``cond`` depends on, with the period at whose multiples alone its
+    value can change along that variable: the gcd of the points where a comparison with a constant turns
+    (a concatenation of 32-channel inputs: 32), 1 for any other use."""
+    if isinstance(cond, (E.And, E.Or)):
+        _branch_periods(cond.a, var_names, periods)
+        _branch_periods(cond.b, var_names, periods)
+        return
+    if isinstance(cond, E.Not):
+        _branch_periods(cond.a, var_names, periods)
+        return
+    if isinstance(cond, (E.LT, E.LE, E.GT, E.GE)):
+        a, b = _affine(cond.a, var_names), _affine(cond.b, var_names)
+        if a is not None and b is not None and bool(a.terms) != bool(b.terms):
+            side, bound = (a, b.const) if a.terms else (b, a.const)
+            # as ``side < t``: the first t where it is false
+            t = bound + int(isinstance(cond, (E.LE, E.GT)) if a.terms else isinstance(cond, (E.GE, E.LT)))
+            if len(side.terms) == 1 and abs(side.terms[0][1]) == 1:
+                var, sign = side.terms[0]
+                turn = t - side.const if sign == 1 else side.const - t + 1
+                periods[var] = math.gcd(periods.get(var, 0), turn)
+                return
+    for var in undefined_vars(cond):
+        if var.name in var_names:
+            periods[var.name] = 1

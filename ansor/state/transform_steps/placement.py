@@ -9,6 +9,7 @@ that a stage stays at the root: TensorIR cannot detach a computed-at block.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Optional
 
@@ -167,6 +168,7 @@ class ComputeInlineStep(Step):
             if i == self.stage_id or out.buffer not in other.block.read_buffers():
                 continue
             reads: list[Access] = [a for a in other.block.reads if a.buffer != out.buffer]
+            periods = dict(other.block.branch_periods)
             for use in other.block.reads_of(out.buffer):
                 mapping: dict[str, Optional[Affine]] = {}
                 for d, idx in enumerate(out.indices):
@@ -178,7 +180,10 @@ class ComputeInlineStep(Step):
                 for r in stage.block.reads:
                     reads.append(Access(r.buffer, tuple(None if x is None else x.substitute(mapping)
                                                         for x in r.indices)))
-            state.stages[i] = replace(other, block=replace(other.block, reads=tuple(reads)))
+                for var, period in stage.block.branch_periods:
+                    _moved_period(mapping[var], period, [v.name for v in other.block.vars], periods)
+            state.stages[i] = replace(other, block=replace(other.block, reads=tuple(reads),
+                                                           branch_periods=tuple(sorted(periods.items()))))
         state.stages[self.stage_id] = replace(stage, iters=(), compute_at=AttachKind.INLINED)
 
     def apply_to_schedule(self, replay: Replay) -> None:
@@ -186,6 +191,17 @@ class ComputeInlineStep(Step):
 
     def to_code(self, names: CodeNames) -> str:
         return f"sch.compute_inline({names.block(self.stage_id)})"
+
+
+def _moved_period(index: Optional[Affine], period: int, names: list[str], periods: dict[str, int]) -> None:
+    """Note in ``periods`` the period along the consumer's variables of a branch whose period is ``period``
+    along the inlined stage's variable that ``index`` (of the consumer's variables ``names``) reads."""
+    if index is not None and len(index.terms) == 1 and abs(index.terms[0][1]) == 1:
+        name = index.terms[0][0]
+        periods[name] = math.gcd(periods.get(name, 0), period, index.const)
+        return
+    for name in ([n for n, _ in index.terms] if index is not None else names):
+        periods[name] = 1
 
 
 @dataclass(frozen=True, slots=True)
