@@ -58,8 +58,8 @@ P_SERIAL = 0.25
 #: A loop whose branch (a concatenation's input) changes along it is vectorized in runs of the branch's
 #: period, its outer part unrolled so each vector's branch is known when compiled, if that unrolls at most
 #: this many vectors: vectorized across the branches, each lane loads through a gather. DenseNet-121's
-#: 14x14 concatenations of 22-30 32-channel inputs (and batch norm, ReLU) took 0.12-0.26 ms at 64 lanes,
-#: 0.03-0.04 ms in runs of 32 (AMD EPYC Zen 5, 2 threads).
+#: 14x14 concatenations of 15-23 inputs (then batch norm, ReLU) took 0.12-0.26 ms at 64 lanes, 0.03-0.04
+#: ms in runs of 32 (AMD EPYC Zen 5, 2 threads).
 MAX_UNROLLED_VECTORS = 64
 #: Registers a register block leaves free for the operands (a broadcast input, the weight vectors).
 SPARE_REGISTERS = 4
