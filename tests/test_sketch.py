@@ -333,6 +333,49 @@ def test_vectorize_only_contiguous_loops():
     assert not contiguous(state.stages[0], state.stages[0].iters[1:])  # k*j fused: two variables
 
 
+def _tile_gather(name: str, channel_index) -> SearchTask:
+    """``relu(x[p // 3, p % 3, channel_index(c)])``: rows picked by a non-affine index, as a Winograd input
+    transform picks its tiles' pixels; registered as workload ``name``."""
+    from tvm import te, topi
+    from ansor.task.workloads import register_workload
+
+    def make():
+        x = te.placeholder((16, 3, 64), "float32", name="x")
+        rows = te.compute((48, 64), lambda p, c: x[p // 3, p % 3, channel_index(c)], name="rows")
+        return [x, topi.nn.relu(rows)]
+
+    def reference(ins):
+        c = np.array([channel_index(k) for k in range(64)])
+        return [np.maximum(ins[0].reshape(48, 64)[:, c], 0)]
+
+    register_workload(name, make, reference)
+    return SearchTask.from_workload(name, TARGET)
+
+
+def test_a_loop_that_no_non_affine_index_uses_is_contiguous_and_vectorized():
+    """Non-affine indices over the outer variables stay fixed along the channels: the channel loop is
+    contiguous, in the stage and after inlining it, and the default vectorizes it; the rows are not."""
+    from ansor.networks import default_state
+    from ansor.sketch.annotation import contiguous
+
+    task = _tile_gather("tile-gather-relu", lambda c: c)
+    rows = task.compute_dag.init_state().stages[0]
+    assert contiguous(rows, rows.iters[1:]) and not contiguous(rows, rows.iters[:1])
+    inlined = task.compute_dag.init_state()
+    inlined.compute_inline(0)
+    relu = inlined.stages[1]
+    assert [sorted(a.opaque_vars) for a in relu.block.reads] == [["v_i0"]]
+    assert contiguous(relu, relu.iters[1:]) and not contiguous(relu, relu.iters[:1])
+    state = default_state(task)
+    assert any(it.annotation == "vectorize" for stage in state.stages for it in stage.iters)
+    inputs = program.random_inputs(task)
+    for schedule in (state, inlined):
+        got = program.run_program(program.build_kernel(task, schedule)[0], inputs)[-1]
+        np.testing.assert_array_equal(got, np.maximum(inputs[0].reshape(48, 64), 0))
+    halves = _tile_gather("tile-gather-halves-relu", lambda c: c // 2).compute_dag.init_state().stages[0]
+    assert not contiguous(halves, halves.iters[1:])  # the channel itself is read through a non-affine index
+
+
 def _concat_relu(name: str, channels: tuple[int, ...]) -> SearchTask:
     """ReLU of a concatenation along NHWC channels (DenseNet's blocks), registered as workload ``name``."""
     from tvm import te, topi

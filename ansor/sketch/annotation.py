@@ -444,16 +444,19 @@ def contiguous(stage: Stage, iters) -> bool:
     """True if the loops walk every buffer the stage touches along its innermost dimension only.
 
     A fusion of loops is contiguous when, read as one loop, each variable it moves sits in the last
-    dimension with unit stride, or nowhere (a broadcast). Non-affine indices count as strided.
+    dimension with unit stride, or nowhere (a broadcast). A non-affine index counts as strided when it uses
+    a moved variable; one over other variables only (a Winograd tile's rows) stays fixed along the loop.
     """
     moved = {p.var for it in iters for p in it.parts}
     if len(moved) > 1:
         return False
     for acc in (*stage.block.reads, *stage.block.writes):
+        if acc.moved_opaquely(moved):
+            return False
         last = len(acc.indices) - 1
         for d, idx in enumerate(acc.indices):
             if idx is None:
-                return False
+                continue
             coefs = dict(idx.terms)
             for var in moved:
                 if var in coefs and (d != last or coefs[var] != 1):

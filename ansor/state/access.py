@@ -4,7 +4,8 @@ The loop state needs one piece of bound inference: when a stage is moved under a
 (``CA``), how big is the region it must cover? TensorIR answers that exactly on replay; the search needs the
 same answer thousands of times a round without touching TVM. Block accesses are therefore kept as affine
 expressions over the block's iterator variables, and each loop records which parts of which variables it
-walks (:class:`LoopPart`). Non-affine indices are kept as ``None`` and treated as "the whole dimension".
+walks (:class:`LoopPart`). Non-affine indices are kept as ``None`` and treated as "the whole dimension";
+the access notes which variables they use, so a loop over the others can still tell it is contiguous.
 """
 
 from __future__ import annotations
@@ -71,6 +72,31 @@ class Access:
 
     buffer: str
     indices: tuple[Optional[Affine], ...]
+    #: The block variables the non-affine indices use (a Winograd tile's ``p // tiles``, a gather's loaded
+    #: row); None: not known, any variable may move them.
+    opaque_vars: Optional[frozenset[str]] = None
+
+    def moved_opaquely(self, names: set[str]) -> bool:
+        """Whether a non-affine index may change with one of the variables ``names``."""
+        if all(i is not None for i in self.indices):
+            return False
+        return self.opaque_vars is None or not self.opaque_vars.isdisjoint(names)
+
+    def substitute(self, mapping: dict[str, Optional[Affine]]) -> "Access":
+        """This access with variables replaced by affine expressions (``None``: a non-affine one); the
+        variables of an index that stops being affine join the opaque ones, as their images do."""
+        indices = tuple(None if x is None else x.substitute(mapping) for x in self.indices)
+        if self.opaque_vars is None:
+            return Access(self.buffer, indices)
+        old = set(self.opaque_vars).union(*({n for n, _ in x.terms} for x, y in zip(self.indices, indices)
+                                             if x is not None and y is None))
+        new: set[str] = set()
+        for name in old:
+            image = mapping.get(name, Affine.var(name))
+            if image is None:
+                return Access(self.buffer, indices)
+            new.update(n for n, _ in image.terms)
+        return Access(self.buffer, indices, frozenset(new))
 
     def __str__(self) -> str:
         return f"{self.buffer}[{', '.join('?' if i is None else str(i) for i in self.indices)}]"

@@ -115,7 +115,7 @@ class ComputeDAG:
         if not isinstance(store, tirx.BufferStore):
             raise AnsorError(f"block {block.name_hint}: only single-store blocks are supported")
         self._note_buffer(store.buffer)
-        writes = (Access(store.buffer.name, tuple(_affine(i, var_names) for i in store.indices)),)
+        writes = (_access(store.buffer.name, store.indices, var_names),)
         reads: list[Access] = []
         calls: list[str] = []
         periods: dict[str, int] = {}
@@ -231,6 +231,14 @@ def _affine(expr, var_names: set[str]) -> Optional[Affine]:
     return None
 
 
+def _access(buffer: str, indices, var_names: set[str]) -> Access:
+    """An access with its indices in affine form, and the block variables of those that are not."""
+    affine = tuple(_affine(i, var_names) for i in indices)
+    opaque = frozenset(v.name for i, a in zip(indices, affine) if a is None for v in undefined_vars(i)
+                       if v.name in var_names)
+    return Access(buffer, affine, opaque)
+
+
 def _add(a: Affine, b: Affine) -> Affine:
     coefs = dict(a.terms)
     for n, c in b.terms:
@@ -244,7 +252,7 @@ def _walk(expr, reads: list[Access], calls: list[str], periods: dict[str, int], 
     (:func:`_branch_periods`) under ``expr``; return its float operation count."""
     if isinstance(expr, TensorLoad):
         note_buffer(expr.source)
-        reads.append(Access(expr.source.name, tuple(_affine(i, var_names) for i in expr.indices)))
+        reads.append(_access(expr.source.name, expr.indices, var_names))
         for index in expr.indices:  # indirect loads (gather) are reads too; integer math is no FLOP
             _walk(index, reads, calls, periods, var_names, note_buffer)
         return 0

@@ -178,8 +178,7 @@ class ComputeInlineStep(Step):
                 for var in stage.block.vars:
                     mapping.setdefault(var.name, None)
                 for r in stage.block.reads:
-                    reads.append(Access(r.buffer, tuple(None if x is None else x.substitute(mapping)
-                                                        for x in r.indices)))
+                    reads.append(r.substitute(mapping))
                 for var, period in stage.block.branch_periods:
                     _moved_period(mapping[var], period, [v.name for v in other.block.vars], periods)
             state.stages[i] = replace(other, block=replace(other.block, reads=tuple(reads),

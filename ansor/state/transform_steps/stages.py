@@ -137,8 +137,7 @@ class RfactorStep(Step):
         shape = state.shapes[out.buffer]
         state.shapes = {**state.shapes, rf_buffer: shape[:self.factor_iter_id] + (it.extent or 1,)
                         + shape[self.factor_iter_id:]}
-        rf_reads = tuple(Access(a.buffer, tuple(None if x is None else x.substitute(mapping) for x in a.indices))
-                         for a in stage.block.reads)
+        rf_reads = tuple(a.substitute(mapping) for a in stage.block.reads)
         rf_iters = tuple(
             replace(i, kind=IterKind.SPATIAL if k == self.iter_id else i.kind,
                     parts=(LoopPart(new_var[k], 1, i.extent),) if k in new_var else i.parts)
