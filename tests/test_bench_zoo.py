@@ -3,6 +3,7 @@ loads no torch, its resume decision, a broken model's row and its markdown secti
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 
@@ -178,6 +179,34 @@ def test_zoo_section_is_replaced_not_duplicated(tmp_path):
     second = path.read_text()
     assert second.count("<!-- generated: zoo:test-cpu -->") == 1 and second.count("<!-- end: zoo:test-cpu -->") == 1
     assert "10 minutes" in second and "0.5 minutes" not in second and "swin_t" not in second
+
+
+def test_a_run_over_some_models_keeps_the_other_rows_of_the_table_with_their_dates(tmp_path):
+    """``--models X --reuse-timings --write-docs``: X's rows change, the other models' rows of the table the
+    whole zoo made stay, dated, in the zoo's order, and the geometric mean covers them all."""
+    from ansor.bench.docs import section_key
+    from ansor.bench.zoo_bench import earlier_rows, with_earlier_rows
+    cpu = "CPU: Test CPU (2 cores)"
+    first = [ZooResult(zoo.BY_NAME["resnet50"], _report("resnet50", 10.0)),
+             ZooResult(zoo.BY_NAME["swin_t"], stage="build", error="building failed: x | y"),
+             ZooResult(zoo.BY_NAME["gpt2"], _report("gpt2", 4.0))]
+    path = write_zoo_docs(tmp_path, first, Provenance("2025-01-01", cpu, "Python 3", "ansor bench --zoo"), 10)
+    earlier = earlier_rows(path, section_key("zoo", cpu), 10)
+    assert earlier["resnet50"].cells == zoo_row(first[0])[0] and earlier["resnet50"].ratio == pytest.approx(1.5)
+    assert earlier["resnet50"].timed == "2025-01-01" and math.isnan(earlier["swin_t"].ratio)
+    assert earlier["swin_t"].cells == zoo_row(first[1])[0]  # the escaped | stays inside its cell
+    assert earlier_rows(path, section_key("zoo", cpu), 5) == {}  # another tuning time: nothing to keep
+    rerun = [ZooResult(zoo.BY_NAME["gpt2"], _report("gpt2", 2.0)), ZooResult(zoo.BY_NAME["densenet121"],
+                                                                            _report("densenet121", 3.0))]
+    merged = with_earlier_rows(rerun, earlier)
+    assert [r.model.name for r in merged] == [m.name for m in zoo.ZOO if m.name in
+                                              ("resnet50", "swin_t", "gpt2", "densenet121")]
+    assert next(r for r in merged if r.model.name == "gpt2").report.tuned_ms == 2.0
+    text = write_zoo_docs(tmp_path, merged, Provenance("2025-02-01", cpu, "Python 3", "ansor bench --zoo"),
+                          10).read_text()
+    assert "resnet50 (2025-01-01)" in text and "swin_t (2025-01-01)" in text and "gpt2 (" not in text
+    assert "over the 3 of 4 models" in text
+    assert earlier_rows(path, section_key("zoo", cpu), 10)["resnet50"].timed == "2025-01-01"
 
 
 def test_the_readme_summary_shows_the_latest_run_between_its_markers(tmp_path):

@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -222,6 +223,50 @@ def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: floa
             f"{sources}.\n")
 
 
+def _cells(line: str) -> list[str]:
+    """A markdown table line's cells (a ``\\|`` inside a cell, as :func:`_escape` writes it, stays in it)."""
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
+def earlier_rows(path: Path, key: str, minutes: float) -> dict[str, StoredRow]:
+    """The rows of the zoo section ``key`` of the markdown file ``path``, by model, each with its ratio and
+    the date it was timed; none when the section is missing, has other columns or another ``minutes``."""
+    text = path.read_text() if path.exists() else ""
+    found = re.search(f"<!-- generated: {re.escape(key)} -->(.*?)<!-- end: {re.escape(key)} -->", text, re.S)
+    if not found or f"## Model zoo after {minutes:g} minutes of tuning each" not in found.group(1):
+        return {}
+    body = found.group(1)
+    lines = [line for line in body.splitlines() if line.startswith("| ")]
+    header = ("model", "family", "imports", "builds", "matches ONNX Runtime", *RESULT_HEADER)
+    if not lines or tuple(_cells(lines[0])) != header:
+        return {}
+    date = re.search(r"^- date: (\S+)", body, re.M)
+    listed = re.search(r"Rows timed by earlier runs [^:]*: ([^\n]*)\.$", body, re.M)
+    dates = dict(re.findall(r"([\w.-]+) \(([\w-]+)\)", listed.group(1))) if listed else {}
+    column = header.index(RESULT_HEADER[2])  # ansor / fastest, in turn
+    rows = {}
+    for line in lines[2:]:
+        cells = _cells(line)
+        if len(cells) != len(header):
+            continue
+        try:
+            ratio = float(cells[column].strip("*"))
+        except ValueError:
+            ratio = math.nan
+        rows[cells[0]] = StoredRow(tuple(cells), ratio, dates.get(cells[0], date.group(1) if date else ""))
+    return rows
+
+
+def with_earlier_rows(results: list[ZooResult], earlier: dict[str, StoredRow]) -> list[ZooResult]:
+    """``results`` and, for the zoo's models not among them, their rows in ``earlier``, in the zoo's order:
+    a run over a few models (``--models``) updates their rows of a table the whole zoo made."""
+    from .zoo import ZOO
+    ran = {r.model.name: r for r in results}
+    kept = [ran.pop(m.name) if m.name in ran else ZooResult(m, resumed=True, stored=earlier[m.name])
+            for m in ZOO if m.name in ran or m.name in earlier]
+    return kept + list(ran.values())
+
+
 def write_zoo_docs(root: Path, results: list[ZooResult], provenance: Provenance, minutes: float) -> Path:
     """Write the zoo's table as this CPU kind's ``zoo:`` section of ``root/docs/benchmarks.md`` (a rerun
     replaces it); returns the file."""
@@ -252,12 +297,18 @@ def run_zoo(args: argparse.Namespace) -> int:
         results.append(bench_zoo_model(model, args, at.target, at.threads, at.work, say=lambda s: print(s, flush=True)))
         if results[-1].report is not None:
             print_report(results[-1].report, at.peak.gflops, at.threads)
+    provenance = Provenance.here(cpu_description())
+    if args.reuse_timings and args.write_docs:
+        docs = Path(args.write_docs) / "docs" / "benchmarks.md"
+        earlier = earlier_rows(docs, section_key("zoo", provenance.cpu), args.minutes)
+        results = with_earlier_rows(results, earlier)
+        print(f"{sum(r.model not in models for r in results)} rows of models not in this run kept from {docs}")
     header, rows, geomean, count = zoo_rows(results)
     print(f"\n== model zoo, {args.minutes:g} minutes of tuning each ==\n{markdown_table(header, rows)}\n"
           f"geometric mean of ansor / fastest float32 runtime: {geomean:.2f} over {count} of {len(results)} models")
     if args.plot:
         plot([r.report for r in results if r.report is not None], args.plot)
     if args.write_docs:
-        path = write_zoo_docs(Path(args.write_docs), results, Provenance.here(cpu_description()), args.minutes)
+        path = write_zoo_docs(Path(args.write_docs), results, provenance, args.minutes)
         print(f"wrote {path}")
     return 0
