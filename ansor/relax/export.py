@@ -186,8 +186,10 @@ def readme(meta: dict) -> str:
         threads = (f"Set `TVM_NUM_THREADS={meta['num_threads']}` (the target's cores) before the first TVM call: "
                    "TVM's default is half the logical CPUs.")
     if meta.get("env"):
-        threads += (" Also set " + ", ".join(f"`{k}={v}`" for k, v in meta["env"].items()) + ": it ran this model "
-                    "fastest on the machine that tuned it (TVM reads it when its thread pool starts).")
+        threads += (" Also set " + ", ".join(f"`{k}={v}`" for k, v in meta["env"].items()) + ": chosen by timing "
+                    "this model on the machine that tuned it (unbound threads unless another setting was faster by "
+                    "more than 2 %: bound threads slow down many times when another process keeps a core busy); "
+                    "TVM reads it when its thread pool starts.")
     return f"""# Compiled model
 
 Made by ansor (tuned schedules, Apache TVM {meta['tvm_version']}). Running it needs only `tvm` and `numpy`.
