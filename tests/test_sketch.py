@@ -376,6 +376,38 @@ def test_a_loop_that_no_non_affine_index_uses_is_contiguous_and_vectorized():
     assert not contiguous(halves, halves.iters[1:])  # the channel itself is read through a non-affine index
 
 
+def test_a_short_outer_loop_can_move_inside_unrolled_and_the_transform_stays_exact():
+    """A Winograd input transform's 16 tile positions are its outer loop: random annotation also moves it
+    inside the tiles and unrolls it, half of those with the channels in vectors outside it; every program
+    computes B^T d B of each tile."""
+    from tvm import te
+    from ansor.networks.winograd import _BT, _input_transform
+    from ansor.task.workloads import register_workload
+
+    def make():
+        data = te.placeholder((1, 16, 16, 32), "float32", name="data")
+        return [data, _input_transform(data, 1, 1, (1, 8, 8), 64)]
+
+    def reference(ins):
+        padded = np.pad(ins[0][0], ((1, 1), (1, 1), (0, 0)))
+        tiles = np.stack([padded[2 * r:2 * r + 4, 2 * c:2 * c + 4] for r in range(8) for c in range(8)])
+        return [np.einsum("ei,pijc,nj->enpc", _BT, tiles, _BT).reshape(16, 64, 32).astype("float32")]
+
+    register_workload("winograd-input-16x16x32", make, reference)
+    task = SearchTask.from_workload("winograd-input-16x16x32", TARGET)
+    programs = sample_initial_population(task, generate_sketches(task), 32, random.Random(0))
+    moved = [s for s in programs if [it.annotation for it in s.stages[0].iters][:2] == ["parallel", "unroll"]]
+    split = [s for s in programs if "unroll" in [it.annotation for it in s.stages[0].iters[2:]]]
+    kept = [s for s in programs if "unroll" not in [it.annotation for it in s.stages[0].iters]]
+    assert moved and split and kept
+    assert all(s.stages[0].iters[0].extent == 64 for s in moved + split)  # the tiles go parallel
+    inputs = program.random_inputs(task)
+    want = reference(inputs)[0]
+    for state in (moved[0], split[0], kept[0]):
+        got = program.run_program(program.build_kernel(task, state)[0], inputs)[-1]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def _concat_relu(name: str, channels: tuple[int, ...]) -> SearchTask:
     """ReLU of a concatenation along NHWC channels (DenseNet's blocks), registered as workload ``name``."""
     from tvm import te, topi

@@ -61,6 +61,14 @@ P_SERIAL = 0.25
 #: 14x14 concatenations of 15-23 inputs (then batch norm, ReLU) took 0.12-0.26 ms at 64 lanes, 0.03-0.04
 #: ms in runs of 32 (AMD EPYC Zen 5, 2 threads).
 MAX_UNROLLED_VECTORS = 64
+#: How often random annotation moves a short outer loop (at most :data:`MAX_SHORT_OUTER`) of an untiled
+#: element-wise stage inside the next loop and unrolls it; the longer loop goes parallel. A Winograd input
+#: transform's outer loop is its 16 tile positions: moved inside the tiles, one tile's loads serve all 16
+#: and the position's coefficients become constants. DenseNet-121's, 14x14 to 56x56 x 128 channels: 0.011,
+#: 0.038, 0.131 ms against 0.018, 0.052, 0.161 for the best of the three programs its space had (AMD EPYC
+#: Zen 5, 2 threads, each program timed alone).
+P_SHORT_OUTER_INWARD = 0.5
+MAX_SHORT_OUTER = 16
 #: Registers a register block leaves free for the operands (a broadcast input, the weight vectors).
 SPARE_REGISTERS = 4
 #: A spatial iterator of the CPU tiling structure is split into one level per ``S``: that many less one lengths.
@@ -355,6 +363,33 @@ def _parallel_outer(state: State, stage_id: int, limit: int) -> None:
     state.annotate(stage_id, 0, "parallel")
 
 
+def move_short_outer_inward(state: State, task: SearchTask, rng: random.Random) -> None:
+    """At :data:`P_SHORT_OUTER_INWARD`, swap a short first loop of an untiled root stage that does not
+    reduce with a longer loop after it and unroll it; in half of those, also split the innermost loop
+    into vectors of a random width and move its outer part outside the unrolled loop, so the unrolled
+    body is one vector per position. Called before :func:`annotate_parallel`, which then parallelizes
+    the longer loop."""
+    for stage_id, stage in enumerate(state.stages):
+        if stage.compute_at != AttachKind.ROOT or len(stage.iters) < 3 or state.attached_to(stage_id) or \
+                has_reduce_iter(state, stage_id) or \
+                any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps):
+            continue
+        first, second, last = stage.iters[0], stage.iters[1], stage.iters[-1]
+        if not all(it.kind == IterKind.SPATIAL and it.annotation == "none" for it in (first, second, last)):
+            continue
+        if not (1 < (first.extent or 0) <= MAX_SHORT_OUTER and (second.extent or 0) > (first.extent or 0)) or \
+                rng.random() >= P_SHORT_OUTER_INWARD:
+            continue
+        n = len(stage.iters)
+        state.reorder(stage_id, [1, 0, *range(2, n)])
+        state.annotate(stage_id, 1, "unroll")
+        lanes = vector_lanes(task.hardware_params.vector_unit_bytes, state, stage_id)
+        widths = [d for d in divisors(last.extent or 1) if lanes <= d <= MAX_VECTORIZE_LANES and d < (last.extent or 1)]
+        if widths and contiguous(stage, (last,)) and rng.random() < 0.5:
+            state.split(stage_id, n - 1, [rng.choice(widths)])
+            state.reorder(stage_id, [0, n - 1, *range(1, n - 1), n])
+
+
 def annotate_unroll(state: State, rng: random.Random, choices: tuple[int, ...]) -> None:
     """An auto-unroll pragma with a step limit drawn from ``choices`` on every stage that reduces."""
     for stage_id, stage in enumerate(state.stages):
@@ -474,6 +509,7 @@ def sample_cpu_program(task: SearchTask, sketch: State, rng: random.Random) -> O
     try:
         state = fill_tile_sizes(sketch, rng, RegisterFile.of(task))
         state = change_compute_location(state, rng)
+        move_short_outer_inward(state, task, rng)
         annotate_parallel(state, task, rng)
         annotate_unroll(state, rng, CPU_UNROLL_STEPS)
         annotate_vectorize(state, rng)
