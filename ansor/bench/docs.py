@@ -62,9 +62,21 @@ def section_key(benchmark: str, cpu: str) -> str:
     return f"{benchmark}:{kind or 'cpu'}"
 
 
+def _markers(key: str) -> tuple[str, str]:
+    return f"<!-- generated: {key} -->", f"<!-- end: {key} -->"
+
+
+def read_section(path: Path, key: str) -> str:
+    """The body of the generated section ``key`` of the markdown file at ``path`` ("" when there is none)."""
+    begin, end = _markers(key)
+    text = path.read_text() if path.exists() else ""
+    found = re.search(re.escape(begin) + r"(.*?)" + re.escape(end), text, re.S)
+    return found.group(1) if found else ""
+
+
 def write_section(path: Path, key: str, body: str, header: str = HEADER) -> None:
     """Replace (or append) the generated section ``key`` of the markdown file at ``path``."""
-    begin, end = f"<!-- generated: {key} -->", f"<!-- end: {key} -->"
+    begin, end = _markers(key)
     text = path.read_text() if path.exists() else header
     block = f"{begin}\n{body.rstrip()}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)

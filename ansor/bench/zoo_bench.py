@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import AnsorError, short_message
-from .docs import Provenance, markdown_table, section_key, write_section
+from .docs import Provenance, markdown_table, read_section, section_key, write_section
 from .network_report import (RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, geometric_mean, result_cells,
                              summary_row, write_summary)
 from .zoo import ZooModel
@@ -39,6 +39,7 @@ from .zoo import ZooModel
 logger = logging.getLogger("ansor")
 
 STAGES = ("export", "import", "build", "tune", "evaluate")  # in the order a model goes through them
+HEADER = ("model", "family", "imports", "builds", "matches ONNX Runtime", *RESULT_HEADER)  # the zoo table's
 
 
 @dataclass
@@ -200,10 +201,9 @@ def zoo_row(r: ZooResult) -> tuple[tuple[str, ...], float]:
 def zoo_rows(results: list[ZooResult]) -> tuple[tuple[str, ...], list[tuple[str, ...]], float, int]:
     """The zoo's table: header, one row per model, and the geometric mean of ansor / fastest runtime over
     the models that ran."""
-    header = ("model", "family", "imports", "builds", "matches ONNX Runtime", *RESULT_HEADER)
     pairs = [zoo_row(r) for r in results]
     geomean, count = geometric_mean([ratio for _, ratio in pairs])
-    return header, [row for row, _ in pairs], geomean, count
+    return HEADER, [row for row, _ in pairs], geomean, count
 
 
 def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: float) -> str:
@@ -231,23 +231,20 @@ def _cells(line: str) -> list[str]:
 def earlier_rows(path: Path, key: str, minutes: float) -> dict[str, StoredRow]:
     """The rows of the zoo section ``key`` of the markdown file ``path``, by model, each with its ratio and
     the date it was timed; none when the section is missing, has other columns or another ``minutes``."""
-    text = path.read_text() if path.exists() else ""
-    found = re.search(f"<!-- generated: {re.escape(key)} -->(.*?)<!-- end: {re.escape(key)} -->", text, re.S)
-    if not found or f"## Model zoo after {minutes:g} minutes of tuning each" not in found.group(1):
+    body = read_section(path, key)
+    if f"## Model zoo after {minutes:g} minutes of tuning each" not in body:
         return {}
-    body = found.group(1)
     lines = [line for line in body.splitlines() if line.startswith("| ")]
-    header = ("model", "family", "imports", "builds", "matches ONNX Runtime", *RESULT_HEADER)
-    if not lines or tuple(_cells(lines[0])) != header:
+    if not lines or tuple(_cells(lines[0])) != HEADER:
         return {}
     date = re.search(r"^- date: (\S+)", body, re.M)
     listed = re.search(r"Rows timed by earlier runs [^:]*: ([^\n]*)\.$", body, re.M)
     dates = dict(re.findall(r"([\w.-]+) \(([\w-]+)\)", listed.group(1))) if listed else {}
-    column = header.index(RESULT_HEADER[2])  # ansor / fastest, in turn
+    column = HEADER.index(RESULT_HEADER[2])  # ansor / fastest, in turn
     rows = {}
     for line in lines[2:]:
         cells = _cells(line)
-        if len(cells) != len(header):
+        if len(cells) != len(HEADER):
             continue
         try:
             ratio = float(cells[column].strip("*"))

@@ -199,14 +199,14 @@ def compute_location_candidates(state: State, stage_id: int) -> list[tuple[int, 
 
 def _consumer_loops(state: State, target: int) -> list[tuple[int, int]]:
     tstage = state.stages[target]
-    tiled = any(isinstance(s, SplitStep) and s.stage_id == target for s in state.steps)
+    is_tiled = tiled(state, target)
     out: list[tuple[int, int]] = []
     seen_reduce = False
     attached_at = {state.stages[c].attach[1] for c in state.attached_to(target)}
     for k, it in enumerate(tstage.iters):
         if it.kind == IterKind.REDUCE:
             seen_reduce = True
-            if not tiled:
+            if not is_tiled:
                 break
         elif seen_reduce:
             break
@@ -363,6 +363,11 @@ def _parallel_outer(state: State, stage_id: int, limit: int) -> None:
     state.annotate(stage_id, 0, "parallel")
 
 
+def tiled(state: State, stage_id: int) -> bool:
+    """Whether a split step has tiled the stage's loops."""
+    return any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps)
+
+
 def move_short_outer_inward(state: State, task: SearchTask, rng: random.Random) -> None:
     """At :data:`P_SHORT_OUTER_INWARD`, swap a short first loop of an untiled root stage that does not
     reduce with a longer loop after it and unroll it; in half of those, also split the innermost loop
@@ -371,8 +376,7 @@ def move_short_outer_inward(state: State, task: SearchTask, rng: random.Random) 
     the longer loop."""
     for stage_id, stage in enumerate(state.stages):
         if stage.compute_at != AttachKind.ROOT or len(stage.iters) < 3 or state.attached_to(stage_id) or \
-                has_reduce_iter(state, stage_id) or \
-                any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps):
+                has_reduce_iter(state, stage_id) or tiled(state, stage_id):
             continue
         first, second, last = stage.iters[0], stage.iters[1], stage.iters[-1]
         if not all(it.kind == IterKind.SPATIAL and it.annotation == "none" for it in (first, second, last)):
@@ -410,16 +414,16 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
     for stage_id, stage in enumerate(state.stages):
         if stage.compute_at == AttachKind.INLINED or not stage.iters:
             continue
-        tiled = any(isinstance(s, SplitStep) and s.stage_id == stage_id for s in state.steps)
+        is_tiled = tiled(state, stage_id)
         attached_at = {state.stages[c].attach[1] for c in state.attached_to(stage_id)}
-        if not tiled and (len(stage.iters) - 1) not in attached_at and vectorize_branch_runs(state, stage_id):
+        if not is_tiled and (len(stage.iters) - 1) not in attached_at and vectorize_branch_runs(state, stage_id):
             continue
         n = len(stage.iters)
         fusible, length = 0, 1
         while fusible < n:
             k = n - 1 - fusible
             it = stage.iters[k]
-            if k in attached_at or it.kind != IterKind.SPATIAL or it.annotation != "none" or (tiled and fusible):
+            if k in attached_at or it.kind != IterKind.SPATIAL or it.annotation != "none" or (is_tiled and fusible):
                 break
             if length * (it.extent or 1) > MAX_VECTORIZE_LANES or not contiguous(stage, stage.iters[k:]):
                 break
@@ -428,7 +432,7 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
         if fusible == 0:
             last = stage.iters[-1]
             free = last.kind == IterKind.SPATIAL and last.annotation == "none" and (n - 1) not in attached_at
-            if not tiled and free and (last.extent or 1) > MAX_VECTORIZE_LANES and contiguous(stage, (last,)):
+            if not is_tiled and free and (last.extent or 1) > MAX_VECTORIZE_LANES and contiguous(stage, (last,)):
                 factor = largest_divisor_at_most(last.extent or 1, MAX_VECTORIZE_LANES)
                 if factor > 1:
                     state.split(stage_id, n - 1, [factor])
