@@ -11,8 +11,9 @@ minimal filtering does it with 16, in three steps that each become a tuning task
 
 The weight transform ``U = G g G^T`` runs once, here, in numpy. F(2x2, 3x3) and not F(4x4, 3x3): its
 transformed weights are (4/3)^2 = 1.8 times the original, F(4x4)'s 4 times, which deep layers (512
-channels: 16.8 MB) would read from memory at every inference; and its error is that of a plain
-convolution (the transforms' entries are 0, 1/2 and 1).
+channels: 16.8 MB) would read from memory at every inference; its error is that of a plain convolution
+(the transforms' entries are 0, 1/2 and 1); and even on DenseNet-121's small-weight 56x56 layers F(4x4)'s
+default build measured slower (17.5 against 15.6 ms: its input transforms cost more than its products save).
 
 Adopted because it measured faster (docs/design.md, "Winograd"): ResNet-50's four 3x3 stride-1 layer
 shapes took less time as the three tasks than as one direct convolution, each tuned alone.
