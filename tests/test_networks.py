@@ -367,6 +367,30 @@ def test_a_channel_shuffle_with_a_concatenate_is_one_vectorized_pass():
     assert np.array_equal(got, want.reshape(1, 16, 6, 6))
 
 
+def test_a_concatenate_is_vectorized_in_runs_that_each_read_one_input():
+    """Inception-style channel concatenations (NHWC): a vector whose lanes come from two inputs is a gather
+    in LLVM. The inputs' channel counts share a period (here 32): vectors of it, their runs unrolled, each
+    read one input. Without a shared period above 1 the loop is vectorized as before."""
+    from tvm import te, topi
+
+    from ansor.task.program import run_program
+    from ansor.networks import copy_schedule
+
+    rng = np.random.default_rng(0)
+    for channels, runs in (((64, 96, 32, 32), 'T.unroll(7)'), ((3, 5), None)):
+        parts = [te.placeholder((1, 5, 5, c), name=f"x{k}") for k, c in enumerate(channels)]
+        scheduled = copy_schedule(te.create_prim_func([*parts, topi.concatenate(parts, axis=3)]), 2, 32)
+        script = scheduled.script()
+        assert "T.parallel(" in script
+        if runs:
+            assert runs in script and "T.vectorized(32)" in script
+        else:
+            assert "T.unroll(" not in script and "T.vectorized(8)" in script
+        args = [rng.random((1, 5, 5, c), dtype="float32") for c in channels]
+        got = run_program(_compile(scheduled), [*args, np.zeros((1, 5, 5, sum(channels)), "float32")])[-1]
+        assert np.array_equal(got, np.concatenate(args, 3))
+
+
 def _compile(func: tvm.tirx.PrimFunc) -> tvm.runtime.Module:
     return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm").jit()
 

@@ -35,8 +35,9 @@ from ..state.layout_rewrite import packable_arguments
 from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
 from ..task.search_task import SearchTask
+from ..state.compute_dag import branch_periods
 from ..sketch.annotation import (
-    MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, contiguous, largest_divisor_at_most, vector_lanes,
+    MAX_UNROLLED_VECTORS, MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, contiguous, largest_divisor_at_most, vector_lanes,
 )
 
 logger = logging.getLogger("ansor")
@@ -175,7 +176,9 @@ def copy_schedule(func: tvm.tirx.PrimFunc, num_cores: int, vector_bytes: int) ->
     69 -> 17 us (element by element with 3 KB strides before), the attention output's transpose-then-reshape
     29 -> 15 us. A concatenate (``if_then_else`` of loads) is a copy too, and a single output block of no
     kind above is parallel and vectorized after the inlining (:func:`_plain_plan`): ShuffleNet-V2's channel
-    shuffles made its tuned build 16 % slower as whole-buffer passes (Zen 5, 2 threads, in turn).
+    shuffles made its tuned build 16 % slower as whole-buffer passes (Zen 5, 2 threads, in turn). A
+    concatenate along the innermost loop is vectorized in runs that each read one input
+    (:func:`_vectorize_innermost`).
     """
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     try:
@@ -209,7 +212,7 @@ def _schedule_copy(sch: tvm.s_tir.Schedule, block, write_pos: int, read_pos: Opt
     extents = [int(sch.get(loop).extent) for loop in loops]
     if read_pos is None or extents[read_pos] % lanes or extents[write_pos] % lanes:
         _parallel_leading(sch, block, limit)
-        _vectorize_innermost(sch, block)
+        _vectorize_innermost(sch, block, _branch_period(sch.get(block)))
         return
     w_outer, w_inner = sch.split(loops[write_pos], [None, lanes])
     r_outer, r_inner = sch.split(loops[read_pos], [None, lanes])
@@ -354,18 +357,54 @@ def default_tir_schedule(func: tvm.tirx.PrimFunc, num_cores: int) -> tvm.tirx.Pr
     return sch.mod["main"]
 
 
-def _vectorize_innermost(sch: tvm.s_tir.Schedule, block) -> None:
+def _vectorize_innermost(sch: tvm.s_tir.Schedule, block, period: Optional[int] = None) -> None:
     """Vectorize at most :data:`MAX_VECTORIZE_LANES` iterations of the block's innermost loop (its largest
     divisor up to that), never the whole of a long loop: a 768-wide gather (a transpose of ConvNeXt's
-    [1,768,7,7]) is one LLVM vector of 768 floats, which LLVM took over 15 minutes to compile."""
+    [1,768,7,7]) is one LLVM vector of 768 floats, which LLVM took over 15 minutes to compile.
+
+    ``period``: the loop's value picks another input only at its multiples (a concatenate). The vectors
+    then divide it and their runs are unrolled, so each vector reads one input; across inputs LLVM
+    compiles the loads to gathers (the State default's ``vectorize_branch_runs``, same limits)."""
     loop = sch.get_loops(block)[-1]
     extent = _const_extent(sch.get(loop).extent, 0)
     factor = largest_divisor_at_most(extent, MAX_VECTORIZE_LANES) if extent > 1 else 1
+    runs = largest_divisor_at_most(math.gcd(period, extent), MAX_VECTORIZE_LANES) if period and extent > 1 else 1
+    if 1 < runs < extent and extent // runs <= MAX_UNROLLED_VECTORS:
+        outer, inner = sch.split(loop, [None, runs])
+        sch.unroll(outer)
+        sch.vectorize(inner)
+        return
     if factor <= 1:
         return
     if factor < extent:
         loop = sch.split(loop, [None, factor])[-1]
     sch.vectorize(loop)
+
+
+def _branch_period(block) -> Optional[int]:
+    """The period along the block's innermost variable at whose multiples alone its ``if_then_else`` and
+    ``Select`` conditions can change (:func:`~ansor.state.compute_dag.branch_periods`), or ``None``."""
+    names = {block.iter_vars[-1].var.name}
+    periods: dict[str, int] = {}
+
+    def visit(expr) -> None:
+        if isinstance(expr, tvm.tirx.Select):
+            branch_periods(expr.condition, names, periods)
+            children = [expr.true_value, expr.false_value]
+        elif isinstance(expr, tvm.ir.expr.Call):
+            if str(getattr(expr.op, "name", "")).endswith("if_then_else"):
+                branch_periods(expr.args[0], names, periods)
+            children = list(expr.args)
+        elif isinstance(expr, tvm.tirx.Cast):
+            children = [expr.value]
+        else:
+            children = [getattr(expr, "a", None), getattr(expr, "b", None)]
+        for child in children:
+            if isinstance(child, tvm.ir.expr.Expr):
+                visit(child)
+
+    visit(block.body.value)
+    return periods.get(next(iter(names)))
 
 
 def _parallel_leading(sch: tvm.s_tir.Schedule, block, limit: int, keep_inner: int = 1) -> None:

@@ -249,7 +249,7 @@ def _add(a: Affine, b: Affine) -> Affine:
 def _walk(expr, reads: list[Access], calls: list[str], periods: dict[str, int], var_names: set[str],
           note_buffer) -> int:
     """Collect loads, call names and the periods of the variables ``if_then_else`` conditions depend on
-    (:func:`_branch_periods`) under ``expr``; return its float operation count."""
+    (:func:`branch_periods`) under ``expr``; return its float operation count."""
     if isinstance(expr, TensorLoad):
         note_buffer(expr.source)
         reads.append(_access(expr.source.name, expr.indices, var_names))
@@ -279,23 +279,23 @@ def _walk(expr, reads: list[Access], calls: list[str], periods: dict[str, int], 
         calls.append(name)
         counts = [_walk(a, reads, calls, periods, var_names, note_buffer) for a in expr.args]
         if name == "if_then_else" and len(counts) == 3:
-            _branch_periods(expr.args[0], var_names, periods)
+            branch_periods(expr.args[0], var_names, periods)
         if name in _BRANCH_CALLS and len(counts) == 3:
             return counts[0] + max(counts[1], counts[2])
         return int(is_float and name in _EXPENSIVE_CALLS) + sum(counts)
     return 0
 
 
-def _branch_periods(cond, var_names: set[str], periods: dict[str, int]) -> None:
+def branch_periods(cond, var_names: set[str], periods: dict[str, int]) -> None:
     """Note in ``periods`` each variable ``cond`` depends on, with the period at whose multiples alone its
     value can change along that variable: the gcd of the points where a comparison with a constant turns
     (a concatenation of 32-channel inputs: 32), 1 for any other use."""
     if isinstance(cond, (E.And, E.Or)):
-        _branch_periods(cond.a, var_names, periods)
-        _branch_periods(cond.b, var_names, periods)
+        branch_periods(cond.a, var_names, periods)
+        branch_periods(cond.b, var_names, periods)
         return
     if isinstance(cond, E.Not):
-        _branch_periods(cond.a, var_names, periods)
+        branch_periods(cond.a, var_names, periods)
         return
     if isinstance(cond, (E.LT, E.LE, E.GT, E.GE)):
         a, b = _affine(cond.a, var_names), _affine(cond.b, var_names)
