@@ -30,14 +30,15 @@ from tvm import sym
 from tvm.ir.expr import TensorLoad
 
 from ..state.access import IterKind
+from ..state.compute_dag import branch_periods
 from ..errors import AnsorError, StepError
 from ..state.layout_rewrite import packable_arguments
 from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
 from ..task.search_task import SearchTask
-from ..state.compute_dag import branch_periods
 from ..sketch.annotation import (
-    MAX_UNROLLED_VECTORS, MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, contiguous, largest_divisor_at_most, vector_lanes,
+    MAX_UNROLLED_VECTORS, MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, contiguous,
+    largest_divisor_at_most, vector_lanes,
 )
 
 logger = logging.getLogger("ansor")
@@ -384,16 +385,16 @@ def _vectorize_innermost(sch: tvm.s_tir.Schedule, block, period: Optional[int] =
 def _branch_period(block) -> Optional[int]:
     """The period along the block's innermost variable at whose multiples alone its ``if_then_else`` and
     ``Select`` conditions can change (:func:`~ansor.state.compute_dag.branch_periods`), or ``None``."""
-    names = {block.iter_vars[-1].var.name}
+    name = block.iter_vars[-1].var.name
     periods: dict[str, int] = {}
 
     def visit(expr) -> None:
         if isinstance(expr, tvm.tirx.Select):
-            branch_periods(expr.condition, names, periods)
+            branch_periods(expr.condition, {name}, periods)
             children = [expr.true_value, expr.false_value]
         elif isinstance(expr, tvm.ir.expr.Call):
             if str(getattr(expr.op, "name", "")).endswith("if_then_else"):
-                branch_periods(expr.args[0], names, periods)
+                branch_periods(expr.args[0], {name}, periods)
             children = list(expr.args)
         elif isinstance(expr, tvm.tirx.Cast):
             children = [expr.value]
@@ -404,7 +405,7 @@ def _branch_period(block) -> Optional[int]:
                 visit(child)
 
     visit(block.body.value)
-    return periods.get(next(iter(names)))
+    return periods.get(name)
 
 
 def _parallel_leading(sch: tvm.s_tir.Schedule, block, limit: int, keep_inner: int = 1) -> None:
