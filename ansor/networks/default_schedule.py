@@ -37,7 +37,7 @@ from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
 from ..task.search_task import SearchTask
 from ..sketch.annotation import (
-    MAX_UNROLLED_VECTORS, MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, contiguous,
+    MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, branch_run_lanes, contiguous,
     largest_divisor_at_most, vector_lanes,
 )
 
@@ -365,12 +365,13 @@ def _vectorize_innermost(sch: tvm.s_tir.Schedule, block, period: Optional[int] =
 
     ``period``: the loop's value picks another input only at its multiples (a concatenate). The vectors
     then divide it and their runs are unrolled, so each vector reads one input; across inputs LLVM
-    compiles the loads to gathers (the State default's ``vectorize_branch_runs``, same limits)."""
+    compiles the loads to gathers (:func:`~ansor.sketch.annotation.branch_run_lanes`, as the State
+    default's ``vectorize_branch_runs``)."""
     loop = sch.get_loops(block)[-1]
     extent = _const_extent(sch.get(loop).extent, 0)
     factor = largest_divisor_at_most(extent, MAX_VECTORIZE_LANES) if extent > 1 else 1
-    runs = largest_divisor_at_most(math.gcd(period, extent), MAX_VECTORIZE_LANES) if period and extent > 1 else 1
-    if 1 < runs < extent and extent // runs <= MAX_UNROLLED_VECTORS:
+    runs = branch_run_lanes(period, extent) if period and extent > 1 else 0
+    if runs and runs < extent:
         outer, inner = sch.split(loop, [None, runs])
         sch.unroll(outer)
         sch.vectorize(inner)

@@ -447,6 +447,14 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
             state.annotate(stage_id, n - fusible, "vectorize")
 
 
+def branch_run_lanes(period: int, extent: int) -> int:
+    """The vector width for a loop of ``extent`` whose value picks another input only at multiples of
+    ``period`` (a concatenation): each vector then reads one input, and its runs are unrolled. 0 when the
+    runs would be shorter than 2 lanes or more than :data:`MAX_UNROLLED_VECTORS`."""
+    lanes = largest_divisor_at_most(math.gcd(period, extent), MAX_VECTORIZE_LANES)
+    return lanes if lanes >= 2 and extent // lanes <= MAX_UNROLLED_VECTORS else 0
+
+
 def vectorize_branch_runs(state: State, stage_id: int) -> bool:
     """Vectorize the innermost loop of a stage whose ``if_then_else`` branch changes along it in runs of
     the branch's period, unrolling the runs (:data:`MAX_UNROLLED_VECTORS`); False (nothing done) when it
@@ -458,8 +466,8 @@ def vectorize_branch_runs(state: State, stage_id: int) -> bool:
     period = dict(stage.block.branch_periods).get(last.parts[0].var)
     if period is None or last.parts[0].stride != 1 or not contiguous(stage, (last,)):
         return False
-    lanes = largest_divisor_at_most(math.gcd(period, last.extent), MAX_VECTORIZE_LANES)
-    if lanes < 2 or last.extent // lanes > MAX_UNROLLED_VECTORS:
+    lanes = branch_run_lanes(period, last.extent)
+    if not lanes:
         return False
     n = len(stage.iters)
     if lanes < last.extent:
