@@ -3,7 +3,7 @@ tiny CNN's two builds taken apart into its tasks."""
 
 import pytest
 
-from ansor.bench.headroom import Headroom, KernelTime, headroom, profile_in_turn
+from ansor.bench.headroom import Headroom, KernelTime, headroom, main, profile_in_turn
 from ansor.networks import apply_schedules, build, extract, get_network
 
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -38,3 +38,12 @@ def test_headroom_of_real_profiles_covers_every_task():
     # The VM's own calls (allocation) count in both sums, beyond the kernels.
     assert h.default_ms > sum(k.default_ms for k in h.kernels) and h.ratio > 0
     assert h.ceiling(1e9) >= h.ceiling(1e9, 0.5) >= h.default_ms / h.tuned_ms - 1e-12
+
+
+def test_a_model_that_does_not_import_is_one_error_line_before_any_timing(tmp_path, capsys):
+    onnx, log = tmp_path / "broken.onnx", tmp_path / "broken.json"
+    onnx.write_bytes(b"not a protobuf")
+    log.write_text("")
+    assert main(["--pair", str(onnx), str(log)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "broken.onnx" in err[0]

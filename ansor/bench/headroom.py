@@ -92,14 +92,13 @@ def headroom(name: str, extraction, default: list[dict], tuned: list[dict]) -> H
                     sum(median(tuned, f) for f in functions), ratio)
 
 
-def measure(onnx: Path, log: Path, target, rounds: int, repeat: int) -> Headroom:
-    """Extract ``onnx``, build it with default schedules and with ``log``'s best, profile both in turn."""
-    from ..networks import apply_history_best, apply_schedules, build, extract, load_onnx
-    extraction = extract(load_onnx(onnx), target)
+def measure(name: str, extraction, log: Path, target, rounds: int, repeat: int) -> Headroom:
+    """Build ``extraction`` with default schedules and with ``log``'s best, profile both in turn."""
+    from ..networks import apply_history_best, apply_schedules, build
     builds = [build(apply_schedules(extraction.mod, extraction.tasks, {}, target=target), target),
               build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)]
     default, tuned = profile_in_turn(builds, extraction.network, target, rounds, repeat)
-    return headroom(onnx.stem, extraction, default, tuned)
+    return headroom(name, extraction, default, tuned)
 
 
 def table(results: Sequence[Headroom], peak_gflops: float) -> str:
@@ -142,18 +141,27 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"no such file: {', '.join(missing)}")
 
+    from ..errors import AnsorError, short_message
+    from ..networks import extract, load_onnx
     from ..target import host_target
     from .docs import section_key, write_section
     from .peak import cpu_description, measure_peak
     target = host_target()
     threads = int(target.attrs["num-cores"])
     os.environ["TVM_NUM_THREADS"] = str(threads)
+    extractions = []
+    for onnx, _ in args.pair:  # every model imports before anything is timed
+        try:
+            extractions.append(extract(load_onnx(onnx), target))
+        except AnsorError as error:
+            print(f"error: {onnx}: {short_message(error, pick='joined')}", file=sys.stderr)
+            return 2
     cpu = cpu_description()
     peak = measure_peak(threads)
     print(f"{cpu}\n{peak.summary()}", flush=True)
     results = []
-    for onnx, log in args.pair:
-        results.append(measure(onnx, log, target, args.rounds, args.repeat))
+    for (onnx, log), extraction in zip(args.pair, extractions):
+        results.append(measure(onnx.stem, extraction, log, target, args.rounds, args.repeat))
         h = results[-1]
         print(f"{h.name}: default {h.default_ms:.2f} ms, tuned {h.tuned_ms:.2f} ms, {h.ratio:.2f}x in turn; "
               + ", ".join(f"ceiling at {f:.0%} of peak {h.ceiling(peak.gflops, f):.2f}x" for f in CEILING_FRACTIONS),
