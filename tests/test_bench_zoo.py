@@ -253,6 +253,8 @@ def test_bad_zoo_flags_are_refused_before_any_work(tmp_path, capsys):
 def test_provenance_names_the_command_once():
     assert Provenance.here("CPU: x", ["bench", "--zoo"]).command == "ansor bench --zoo"
     assert Provenance.here("CPU: x", ["--zoo"]).command == "ansor bench --zoo"  # scripts/bench/bench_network.py
+    script = Provenance.here("CPU: x", ["--pair", "a b.onnx", "a.json"], script="scripts/bench/bench_headroom.py")
+    assert script.command == "python scripts/bench/bench_headroom.py --pair 'a b.onnx' a.json"
 
 
 def test_in_network_over_alone_counts_only_tasks_timed_in_full_alone():

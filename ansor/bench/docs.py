@@ -39,7 +39,9 @@ class Provenance:
     command: str
 
     @staticmethod
-    def here(cpu: str, argv: Sequence[str] | None = None) -> "Provenance":
+    def here(cpu: str, argv: Sequence[str] | None = None, script: str | None = None) -> "Provenance":
+        """Today, this environment's versions, and the command: ``ansor bench`` with ``argv`` (default: this
+        process's arguments), or ``python SCRIPT`` with them for a script under ``scripts/bench/``."""
         versions = [f"Python {platform.python_version()}"]
         for name in VERSIONED:
             try:
@@ -47,9 +49,12 @@ class Provenance:
             except metadata.PackageNotFoundError:
                 continue
         flags = list(sys.argv[1:] if argv is None else argv)
-        if flags[:1] == ["bench"]:  # run as `ansor bench ...`, not as scripts/bench/bench_network.py
-            flags = flags[1:]
-        command = shlex.join(["ansor", "bench", *flags])
+        if script:
+            command = shlex.join(["python", script, *flags])
+        else:
+            if flags[:1] == ["bench"]:  # run as `ansor bench ...`, not as scripts/bench/bench_network.py
+                flags = flags[1:]
+            command = shlex.join(["ansor", "bench", *flags])
         return Provenance(datetime.date.today().isoformat(), cpu, ", ".join(versions), command)
 
     def markdown(self) -> str:

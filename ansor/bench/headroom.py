@@ -115,9 +115,7 @@ def table(results: Sequence[Headroom], peak_gflops: float) -> str:
 def markdown(results: Sequence[Headroom], peak_summary: str, peak_gflops: float, cpu: str, rounds: int,
              repeat: int) -> str:
     from .docs import Provenance
-    here = Provenance.here(cpu)
-    prov = Provenance(here.date, cpu, here.versions,
-                      "python scripts/bench/bench_headroom.py " + " ".join(sys.argv[1:]))
+    prov = Provenance.here(cpu, script="scripts/bench/bench_headroom.py")
     return (f"## Headroom: how far the search could still take the tuned build\n\n{prov.markdown()}- {peak_summary}\n\n"
             f"{table(results, peak_gflops)}\n\nMilliseconds are the in-place profiles' sums of every function the "
             f"VM calls, the median over {rounds} rounds of {repeat} inferences, the two builds profiled in turn; "

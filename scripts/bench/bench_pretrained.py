@@ -80,8 +80,7 @@ def bench(onnx: Path, cold_log: Path | None, args: argparse.Namespace, target, w
 
 def markdown(results: list[dict], args: argparse.Namespace, cpu: str) -> str:
     from ansor.bench.docs import Provenance, markdown_table
-    prov = Provenance(time.strftime("%Y-%m-%d"), cpu, Provenance.here(cpu).versions,
-                      "python scripts/bench/bench_pretrained.py " + " ".join(sys.argv[1:]))
+    prov = Provenance.here(cpu, script="scripts/bench/bench_pretrained.py")
     rows = []
     for r in results:
         def fmt(points):
