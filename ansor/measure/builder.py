@@ -73,6 +73,9 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap:
         return failed(ErrorNo.UNKNOWN_ERROR, error_text(err) + "\n" + traceback.format_exc(limit=5))
     try:
         executable = codegen.compile(mod, task.target)
+        if state is not None and device_kind(task.target).device_module and not executable.mod.imports:
+            return failed(_compile_error(task), "no kernel: the program binds no loop to a GPU block or thread, "
+                          "so it would run on the host and read device memory")
         with tempfile.TemporaryDirectory(prefix="ansor-build-") as tmp:
             path = os.path.join(tmp, "candidate.so")
             executable.export_library(path, **_link_options(task))

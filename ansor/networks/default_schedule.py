@@ -35,6 +35,7 @@ from ..errors import AnsorError, StepError
 from ..state.layout_rewrite import packable_arguments
 from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
+from ..target import device_kind
 from ..task.search_task import SearchTask
 from ..sketch.annotation import (
     MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, branch_run_lanes, contiguous,
@@ -153,7 +154,10 @@ def _parallel_only(task: SearchTask) -> State:
 
 
 def default_candidates(task: SearchTask) -> list[State]:
-    """The default schedule as a first candidate for tuning (none if it does not fit the task)."""
+    """The default schedule as a first candidate for tuning (none if it does not fit the task, or if the
+    target's default build does not use it: a CUDA network's defaults are dlight's, which are no State)."""
+    if device_kind(task.target).default_schedule != "ansor":
+        return []
     try:
         return [default_state(task)]
     except AnsorError:

@@ -63,8 +63,47 @@ def gpu_constraints(task: SearchTask) -> dict[str, int]:
     }
 
 
+#: Loop annotations that put a loop on the GPU's grid (a vthread alone launches nothing).
+_THREAD_TAGS = ("blockIdx.", "threadIdx.")
+
+
+def host_code(state: State) -> Optional[str]:
+    """Why ``state`` is not a GPU program, or None: a CPU annotation (parallel loop, packed weight), or a
+    root stage none of whose loops is bound to a GPU thread.
+
+    TVM's verifier passes such programs (they ask for no threads at all) and the CUDA build keeps their
+    loops on the host, which then reads device memory: a ResNet-50 run on an H200 lost a Ray worker to each
+    of them (the CPU default schedules of its warm-up rounds, steps ``parallel``, ``vectorize``, ``LR``).
+    """
+    for stage in state.stages:
+        if stage.packed:
+            return f"stage {stage.name} reads a weight pre-packed for the CPU ({', '.join(stage.packed)})"
+        for it in stage.iters:
+            if it.annotation == "parallel":
+                return f"loop {it.name} of stage {stage.name} is a CPU parallel loop"
+    for sid, stage in enumerate(state.stages):
+        if stage.compute_at == AttachKind.ROOT and not _bound(state, sid):
+            return f"stage {stage.name} binds no loop to a GPU block or thread: it would run on the host"
+    return None
+
+
+def _bound(state: State, sid: int) -> bool:
+    """Whether stage ``sid`` or a stage attached under it binds a loop to a GPU block or thread."""
+    todo = [sid]
+    while todo:
+        k = todo.pop()
+        todo.extend(state.attached_to(k))
+        if any(it.annotation.startswith(_THREAD_TAGS) for it in state.stages[k].iters):
+            return True
+    return False
+
+
 def verify_gpu(task: SearchTask, state: State) -> Optional[str]:
-    """None if ``state`` replays and passes TVM's GPU verification, else the reason it does not."""
+    """None if ``state`` is a GPU program (:func:`host_code`), replays and passes TVM's GPU verification,
+    else the reason it does not."""
+    reason = host_code(state)
+    if reason is not None:
+        return reason
     try:
         mod = task.compute_dag.replay(state).mod
     except StepError as err:
