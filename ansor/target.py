@@ -18,6 +18,7 @@ import psutil
 import tvm
 
 from .errors import TargetError, short_message
+from .host_cpu import host_cpu
 
 TARGET_EXAMPLES = ('host', 'llvm', 'llvm -mcpu=znver5 -num-cores=2', 'cuda -arch=sm_80',
                    '\'{"kind": "llvm", "mcpu": "znver4", "num-cores": 2}\'')
@@ -31,9 +32,22 @@ def physical_cores() -> int:
 
 
 def host_target() -> tvm.target.Target:
-    """LLVM for this machine's CPU with its physical core count."""
-    cpu = tvm.target.codegen.llvm_get_system_cpu()
-    return tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": physical_cores()})
+    """LLVM for this machine's CPU with its physical core count and the features its cpuinfo flags add to
+    or take from the CPU LLVM names (:mod:`ansor.host_cpu`)."""
+    return tvm.target.Target(_host_config({"kind": "llvm"}))
+
+
+def _host_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with this machine's CPU, its flags' features and its core count where it names none."""
+    config = dict(config)
+    if "mcpu" not in config:
+        config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+        if "mattr" not in config and "mtriple" not in config:
+            mattr = host_cpu().mattr(config["mcpu"])
+            if mattr:
+                config["mattr"] = mattr
+    config.setdefault("num-cores", physical_cores())
+    return config
 
 
 def parse_target(text: Union[str, dict, tvm.target.Target, None]) -> tvm.target.Target:
@@ -57,8 +71,7 @@ def parse_target(text: Union[str, dict, tvm.target.Target, None]) -> tvm.target.
     kind = config.get("kind")
     if kind == "llvm":
         _check_triple(text, config)
-        config.setdefault("mcpu", tvm.target.codegen.llvm_get_system_cpu())
-        config.setdefault("num-cores", physical_cores())
+        config = _host_config(config)
         _check_mcpu(text, config)
     if "num-cores" in config:
         cores = config["num-cores"]

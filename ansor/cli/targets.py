@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 from collections import Counter
 from typing import Optional, Sequence
 
@@ -23,8 +24,11 @@ def set_tvm_threads(target) -> int:
     return int(os.environ["TVM_NUM_THREADS"])
 
 
-def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = None):
+def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = None, runs_here: bool = False):
     """:func:`~ansor.target.parse_target` then :func:`set_tvm_threads`; returns the target.
+
+    ``runs_here``: the command runs the target's code on this machine (no ``ray_address``): a CPU target
+    whose units this CPU lacks is an error here, not a worker killed by SIGILL at every candidate.
 
     A CUDA target given without ``arch`` gets the arch of a GPU of the Ray cluster (``ray_address``, else
     a local instance started just for the question); with no GPU there, TVM's default stays and
@@ -43,7 +47,30 @@ def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = N
             target = parse_target({**json.loads(str(target)), "arch": arch})
             logger.info("CUDA arch %s detected on the cluster's GPU", arch)
     set_tvm_threads(target)
+    if not device_kind(target).device_module:  # a CPU target: say what this CPU offers beyond fp32 FMA
+        from ..errors import TargetError
+        from ..host_cpu import FLAG_FEATURES, host_cpu
+        cpu = host_cpu()
+        missing = cpu.missing(target) if runs_here and not (ray_address or os.environ.get("RAY_ADDRESS")) else []
+        if missing:
+            present = [flag for flag in FLAG_FEATURES if flag in cpu.flags]
+            raise TargetError(f"target {target_label(target)} uses {', '.join(missing)}, which this CPU "
+                              f"({cpu.model}) lacks (of these units it has: {', '.join(present) or 'none'}); "
+                              "use --target host, or --ray-address for a cluster whose nodes have them")
+        print(f"target: {target_label(target)}; this host: {cpu.describe()}", file=sys.stderr)
     return target
+
+
+def target_label(target) -> str:
+    """``llvm -mcpu=... -mattr=... -num-cores=N``: the short form of a CPU target for a first line."""
+    attrs = target.attrs
+    words = [str(target.kind.name)]
+    for key in ("mcpu", "mtriple", "num-cores"):
+        if key in attrs:
+            words.append(f"-{key}={attrs[key]}")
+    if "mattr" in attrs and len(attrs["mattr"]):
+        words.append("-mattr=" + ",".join(map(str, attrs["mattr"])))
+    return " ".join(words)
 
 
 def add_log_target_arg(parser: argparse.ArgumentParser) -> None:

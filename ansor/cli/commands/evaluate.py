@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     rows, wrong, threads, kinds = [], 0, None, set()
     for log, net in zip(logs, networks):
         # The first target decides the thread count: TVM's pool is sized once per process.
-        target = parse_target_and_threads(args.target if args.target else (log_target([log]) or "host"))
+        target = parse_target_and_threads(args.target if args.target else (log_target([log]) or "host"),
+                                          runs_here=True)
         print(f"{log}: {net.name} batch {net.batch_size} ...", file=sys.stderr, flush=True)
         extraction = extract(net, target)
         ev = evaluate_network(extraction, log, target, repeat=args.repeat)

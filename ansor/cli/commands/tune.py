@@ -117,7 +117,7 @@ def run(args: argparse.Namespace, log) -> int:
     if args.select == 1:
         from ...errors import AnsorError
         raise AnsorError("--select 1 compares nothing: give 0 (no selection) or 2 or more states per task")
-    target = parse_target_and_threads(args.target, args.ray_address)  # sets TVM_NUM_THREADS first
+    target = parse_target_and_threads(args.target, args.ray_address, runs_here=True)  # sets TVM_NUM_THREADS first
     net = load_network(args.network, args.onnx, args.batch_size)
     database = open_database(args.database)
     name = log_name(net.name, net.batch_size)

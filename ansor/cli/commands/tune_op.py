@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, log) -> int:
     from ..targets import parse_target_and_threads
 
     # TVM sizes its thread pool once, from TVM_NUM_THREADS: set it before any kernel runs in this process.
-    target = parse_target_and_threads(args.target, args.ray_address)
+    target = parse_target_and_threads(args.target, args.ray_address, runs_here=True)
 
     from ...task.search_task import SearchTask
     from ...tuning import default_log_path, tune_task

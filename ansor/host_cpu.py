@@ -1,0 +1,95 @@
+"""This machine's CPU as cpuid reports it (Linux's ``/proc/cpuinfo`` flags), and what that changes in the
+host target: the LLVM features the flags add to, or take from, the CPU LLVM names.
+
+LLVM names the host by its model number, so a CPU newer than its table gets an older name without the
+newest units: a 2-core Xeon with AMX (model 167 under KVM) was ``rocketlake``, a CPU with neither
+AVX512_BF16 nor AMX. A hypervisor may also hide a unit the model has. The flags are the truth: the host
+target's ``mattr`` adds what they have and the named CPU lacks, and removes what it has and they lack.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import tvm
+
+#: cpuinfo flag -> LLVM feature, for the vector and matrix units the code generator and the search use.
+FLAG_FEATURES: dict[str, str] = {
+    "fma": "fma", "avx2": "avx2", "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl", "avx512_vnni": "avx512vnni", "avx_vnni": "avxvnni", "avx512_bf16": "avx512bf16",
+    "avx512_fp16": "avx512fp16", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16", "amx_int8": "amx-int8",
+}
+
+
+class MatrixUnit(enum.Enum):
+    """A unit that multiplies bf16 pairs into fp32 sums, and the cpuinfo flags it needs."""
+
+    AVX512_BF16 = ("avx512_bf16",)  # vdpbf16ps: 16 fp32 lanes, each the dot of two bf16 pairs
+    AMX = ("amx_tile", "amx_bf16")  # tdpbf16ps: 16x16 fp32 tiles from 16x32 bf16 tiles
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """What ``/proc/cpuinfo`` says of the first CPU: its model name and its flags."""
+
+    model: str
+    flags: frozenset[str]
+
+    @property
+    def matrix_units(self) -> tuple[MatrixUnit, ...]:
+        return tuple(unit for unit in MatrixUnit if set(unit.value) <= self.flags)
+
+    def mattr(self, mcpu: str, triple: Optional[str] = None) -> list[str]:
+        """``+f``/``-f`` for each feature of :data:`FLAG_FEATURES` where the flags and LLVM's ``mcpu``
+        disagree (empty when they agree, so such a target is the plain ``mcpu`` one)."""
+        if not self.flags:  # no cpuinfo (another OS): LLVM's name is all we know
+            return []
+        probe = {"kind": "llvm", "mcpu": mcpu, **({"mtriple": triple} if triple else {})}
+        named = tvm.target.Target(probe)
+        out = []
+        for flag, feature in FLAG_FEATURES.items():
+            has = flag in self.flags
+            if has != bool(tvm.target.codegen.target_has_features(feature, named)):
+                out.append(("+" if has else "-") + feature)
+        return out
+
+    def missing(self, target: tvm.target.Target) -> list[str]:
+        """The cpuinfo flags of the units ``target``'s code may use and this CPU lacks (its first such
+        instruction kills the process with SIGILL); empty where there is no cpuinfo."""
+        if not self.flags:
+            return []
+        return [flag for flag, feature in FLAG_FEATURES.items()
+                if flag not in self.flags and tvm.target.codegen.target_has_features(feature, target)]
+
+    def describe(self) -> str:
+        """One line for a command's first output: the CPU and the matrix units found."""
+        units = ", ".join(u.name for u in self.matrix_units) or "none (fp32 FMA only)"
+        return f"{self.model or 'unknown CPU'}; matrix units: {units}"
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+    """The first processor's model name and flags in the text of ``/proc/cpuinfo``."""
+    model, flags = "", ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = value
+        if model and flags:
+            break
+    return CpuInfo(model, frozenset(flags.split()))
+
+
+@lru_cache(maxsize=None)
+def host_cpu(path: str = "/proc/cpuinfo") -> CpuInfo:
+    """This machine's :class:`CpuInfo` (empty flags where there is no cpuinfo)."""
+    try:
+        return parse_cpuinfo(Path(path).read_text(errors="replace"))
+    except OSError:
+        return CpuInfo("", frozenset())
