@@ -40,11 +40,38 @@ def realign_stack(ir: str) -> str:
                                 ir)
 
 
+#: The external function the AVX512_BF16 tensor intrinsic calls (:mod:`ansor.state.tensor_intrin`) and
+#: :func:`bf16_intrinsics` replaces; a call's groups: result, accumulator, A, B.
+VDPBF16PS_PLACEHOLDER = "ansor_vdpbf16ps_512"
+_VDPBF16PS_CALL = re.compile(r"(%[\w.]+) = (?:tail )?call <16 x float> @ansor_vdpbf16ps_512\("
+                             r"<16 x float> ([^,]+), <32 x i16> ([^,]+), <32 x i16> ([^,)]+)\)")
+_VDPBF16PS_DECLARE = re.compile(r"^declare <16 x float> @ansor_vdpbf16ps_512\(.*$", re.M)
+
+
+def bf16_intrinsics(ir: str) -> str:
+    """``ir`` with each placeholder call on ``i16`` vectors made the ``vdpbf16ps`` call it stands for: TVM
+    cannot give LLVM the ``<32 x bfloat>`` operands the intrinsic takes, so they are bitcast here."""
+    count = 0
+
+    def call(m: re.Match) -> str:
+        nonlocal count
+        count += 1
+        a, b = f"%ansor.bf16.{count}.a", f"%ansor.bf16.{count}.b"
+        return (f"{a} = bitcast <32 x i16> {m.group(3)} to <32 x bfloat>\n  "
+                f"{b} = bitcast <32 x i16> {m.group(4)} to <32 x bfloat>\n  "
+                f"{m.group(1)} = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> {m.group(2)}, "
+                f"<32 x bfloat> {a}, <32 x bfloat> {b})")
+
+    ir = _VDPBF16PS_CALL.sub(call, ir)
+    return _VDPBF16PS_DECLARE.sub("declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, "
+                                  "<32 x bfloat>, <32 x bfloat>)", ir)
+
+
 def _realigning(build: Any) -> Any:
     def build_llvm(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
         lib = build(mod, target)
         ir = lib.inspect_source("ll")
-        realigned = realign_stack(ir)
+        realigned = realign_stack(bf16_intrinsics(ir))
         if realigned == ir:
             return lib
         with tempfile.TemporaryDirectory(prefix="ansor-ll-") as tmp:

@@ -9,13 +9,18 @@ target's ``mattr`` adds what they have and the named CPU lacks, and removes what
 
 from __future__ import annotations
 
+import ctypes
 import enum
+import os
+import platform
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
 import tvm
+
+from .errors import AnsorError
 
 #: cpuinfo flag -> LLVM feature, for the vector and matrix units the code generator and the search use.
 FLAG_FEATURES: dict[str, str] = {
@@ -93,3 +98,28 @@ def host_cpu(path: str = "/proc/cpuinfo") -> CpuInfo:
         return parse_cpuinfo(Path(path).read_text(errors="replace"))
     except OSError:
         return CpuInfo("", frozenset())
+
+
+#: Linux's x86-64 ``arch_prctl`` syscall, its "request permission for an xstate component" code, and the
+#: component of AMX's tile data (``arch/x86/include/uapi/asm/prctl.h``).
+SYS_ARCH_PRCTL = 158
+ARCH_REQ_XCOMP_PERM = 0x1023
+XFEATURE_XTILEDATA = 18
+
+
+class AmxError(AnsorError):
+    """Linux refused this process the AMX tile state: its first tile instruction would kill it."""
+
+
+@lru_cache(maxsize=None)
+def request_amx() -> None:
+    """Ask Linux for the AMX tile state, which a process must hold before its first tile instruction
+    (without it the instruction raises SIGILL); idempotent. Raises :class:`AmxError` with the reason."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise AmxError(f"AMX needs Linux on x86-64; this is {platform.system()} on {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0:
+        err = ctypes.get_errno()
+        units = host_cpu().matrix_units
+        raise AmxError(f"Linux refused the AMX tile state (arch_prctl: {os.strerror(err)}); this CPU's matrix "
+                       f"units: {', '.join(u.name for u in units) or 'none'}")

@@ -37,6 +37,23 @@ def float_tolerance(dtype: np.dtype) -> Tolerance:
     return FLOAT_TOLERANCE.get(np.dtype(dtype).itemsize, FLOAT_TOLERANCE[4])
 
 
+#: bf16's unit roundoff: 8 significant bits (7 stored), so a rounded input is within 2**-9 of itself.
+BF16_ROUNDOFF = 2.0 ** -9
+
+
+def bf16_tolerance(reduction_length: int) -> Tolerance:
+    """How far a bf16 product (inputs rounded to bf16, products and sums in fp32) may be from the fp32 one.
+
+    Derived, not fitted: each product of two rounded inputs is within ``2u + u**2`` of the exact one
+    (``u`` = :data:`BF16_ROUNDOFF`), and the fp32 sums of ``k`` terms add at most ``k * 2**-24``, both
+    relative to the sum of the products' magnitudes. That is the output itself where the inputs are
+    positive, as the measurement's random inputs are (:func:`ansor.task.program.random_inputs`), so the
+    bound holds element by element; ``scale_atol`` is fp32's, for outputs near zero.
+    """
+    u = BF16_ROUNDOFF
+    return Tolerance(rtol=2 * u + u * u + reduction_length * 2.0 ** -24, scale_atol=FLOAT_TOLERANCE[4].scale_atol)
+
+
 def output_mismatch(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
                     skip: AbstractSet[int] = frozenset()) -> str:
     """Empty if every argument matches the reference, else which one differs, where, and by how much.

@@ -1,0 +1,143 @@
+"""The CPU's bf16 dot-product units as TensorIR tensor intrinsics: ``vdpbf16ps`` (AVX512_BF16) and
+``tdpbf16ps`` (AMX), each a description TensorIR matches a loop nest against and the implementation it
+puts in the nest's place (``sch.tensorize(loop, name)``).
+
+bf16 here means what OpenVINO and oneDNN mean: the products' inputs are bf16, each product and sum fp32.
+A bf16 operand is a ``uint16`` buffer holding the upper half of an fp32's bits (:func:`bf16_to_f32` reads
+it; :func:`round_to_bf16` makes it from fp32 data, rounding to nearest even). TVM's own ``bfloat16`` type
+cannot reach these units: its legalization passes turn every bf16 value into fp32 (compute) or ``i16``
+(storage) before LLVM sees it, while LLVM 22's ``vdpbf16ps`` takes ``<32 x bfloat>``. So the AVX512_BF16
+implementation calls a placeholder on ``i16`` vectors that :mod:`ansor.codegen` rewrites into the real
+intrinsic (bitcasts to ``bfloat``) in the module's IR; the AMX intrinsics take tile numbers and pointers,
+which TIR passes as they are.
+
+Layouts (the weight is packed into them at build time; the activations are read in place):
+
+- AVX512_BF16, ``dot_16x2``: ``C[16] += A[2] . B[16, 2]``: one row of A, a k pair; B holds 16 columns'
+  k pairs side by side (``Bp[n // 16, k // 2, n % 16, k % 2]``).
+- AMX, ``tile_16x16x32``: ``C[16, 16] += A[16, 32] . B[16, 16, 2]``: B in k pairs
+  (``Bp[k // 2, n, k % 2]``), the layout ``tdpbf16ps`` reads. The tile configuration is loaded by each
+  call (64 bytes): simple, and correct whatever ran before.
+"""
+
+from __future__ import annotations
+
+import enum
+from functools import lru_cache
+
+import numpy as np
+import tvm
+from tvm.script import tirx as T
+from tvm.s_tir import TensorIntrin
+
+from ..codegen import VDPBF16PS_PLACEHOLDER
+
+
+
+def bf16_to_f32(bits: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    """The fp32 value of bf16 ``bits`` (a ``uint16`` expression): the bits are an fp32's upper half."""
+    return tvm.tirx.reinterpret("float32", bits.astype("uint32") << tvm.tirx.const(16, "uint32"))
+
+
+def round_to_bf16(x: np.ndarray) -> np.ndarray:
+    """fp32 data as bf16 bits (``uint16``), rounded to nearest even; NaN stays NaN."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(x)
+    return np.where(nan, np.uint16(0x7FC0), rounded) if nan.any() else rounded
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """The fp32 values of bf16 ``bits`` (NumPy's side of :func:`bf16_to_f32`)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+class BF16Intrin(enum.Enum):
+    """The registered bf16 tensor intrinsics, by the TensorIR name ``sch.tensorize`` takes."""
+
+    AVX512_DOT_16x2 = "ansor_avx512bf16_dot_16x2"
+    AMX_TILE_16x16x32 = "ansor_amx_bf16_tile_16x16x32"
+
+
+# ------------------------------------------------------------------------------------------ AVX512_BF16
+@T.prim_func(s_tir=True)
+def _dot_16x2_desc(A: T.Buffer((2,), "uint16", offset_factor=1),
+                   B: T.Buffer((16, 2), "uint16", offset_factor=1),
+                   C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
+    with T.sblock("root"):
+        T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+        T.writes(C[0:16])
+        for i, k in T.grid(16, 2):
+            with T.sblock("update"):
+                vi, vk = T.axis.remap("SR", [i, k])
+                C[vi] = C[vi] + (T.reinterpret("float32", T.shift_left(T.Cast("uint32", A[vk]), T.uint32(16)))
+                                 * T.reinterpret("float32", T.shift_left(T.Cast("uint32", B[vi, vk]), T.uint32(16))))
+
+
+@T.prim_func(s_tir=True)
+def _dot_16x2_impl(A: T.Buffer((2,), "uint16", offset_factor=1),
+                   B: T.Buffer((16, 2), "uint16", offset_factor=1),
+                   C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
+    with T.sblock("root"):
+        T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+        T.writes(C[0:16])
+        pair = T.reinterpret("int32", A.vload([0], "uint16x2"))  # one k pair of A, broadcast to 16 lanes
+        C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
+            "float32x16", VDPBF16PS_PLACEHOLDER, C.vload([0], "float32x16"),
+            T.reinterpret("int16x32", T.broadcast(pair, 16)),
+            T.reinterpret("int16x32", B.vload([0, 0], "uint16x32")))
+
+
+# ------------------------------------------------------------------------------------------------- AMX
+@T.prim_func(s_tir=True)
+def _tile_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+    A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1)
+    B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1)
+    C = T.match_buffer(c, (16, 16), "float32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
+        T.writes(C[0:16, 0:16])
+        for i, j, k in T.grid(16, 16, 32):
+            with T.sblock("update"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                C[vi, vj] = C[vi, vj] + (
+                    T.reinterpret("float32", T.shift_left(T.Cast("uint32", A[vi, vk]), T.uint32(16)))
+                    * T.reinterpret("float32", T.shift_left(T.Cast("uint32", B[vk // 2, vj, vk % 2]), T.uint32(16))))
+
+
+@T.prim_func(s_tir=True)
+def _tile_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+    lda = T.int32()
+    ldb = T.int32()
+    ldc = T.int32()
+    A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1, strides=[lda, 1])
+    B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1, strides=[ldb, 2, 1])
+    C = T.match_buffer(c, (16, 16), "float32", offset_factor=1, strides=[ldc, 1])
+    with T.sblock("root"):
+        T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
+        T.writes(C[0:16, 0:16])
+        # The tile configuration: palette 1; tiles 0 (C), 1 (A), 2 (B) of 16 rows of 64 bytes.
+        cfg = T.alloc_buffer((64,), "uint8", scope="local")
+        for q in range(64):
+            cfg[q] = T.uint8(0)
+        cfg[0] = T.uint8(1)
+        for t in range(3):
+            cfg[16 + 2 * t] = T.uint8(64)
+            cfg[48 + t] = T.uint8(16)
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", cfg.access_ptr("r")))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(0), C.access_ptr("r"),
+                                      T.int64(ldc * 4)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(1), A.access_ptr("r"),
+                                      T.int64(lda * 2)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(2), B.access_ptr("r"),
+                                      T.int64(ldb * 2)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(0), T.int8(1), T.int8(2)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(0), C.access_ptr("w"),
+                                      T.int64(ldc * 4)))
+
+
+@lru_cache(maxsize=None)
+def register() -> None:
+    """Register the intrinsics with TensorIR (once per process; ``sch.tensorize`` looks them up by name)."""
+    TensorIntrin.register(BF16Intrin.AVX512_DOT_16x2.value, _dot_16x2_desc, _dot_16x2_impl, override=True)
+    TensorIntrin.register(BF16Intrin.AMX_TILE_16x16x32.value, _tile_desc, _tile_impl, override=True)
