@@ -57,6 +57,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import AnsorError, short_message
 from .docs import Provenance
+from .in_turn import model_flags
 from .network_report import DEFAULT, OURS, ModelReport, TaskRow, plot, print_report, write_docs
 from .peak import cpu_description, measure_peak
 from .peers import (PeerResult, compare_all, max_difference, onnxruntime_peer, openvino_default_precision,
@@ -78,9 +79,9 @@ class TuningFailed(AnsorError):
 
 
 def tune(onnx: Path, log: Path, minutes: float, n_trials: int, flags: Sequence[str] = ()) -> tuple[float, int, str]:
-    """``ansor tune --onnx`` as a user runs it (with ``flags`` added); returns (tuning seconds, trials, the
-    network-level selection's line) as it reports them."""
-    cmd = [sys.executable, "-m", "ansor", "tune", "--onnx", str(onnx), "--minutes", str(minutes),
+    """``ansor tune --onnx`` (``--network`` for a built-in network's name) as a user runs it (with ``flags``
+    added); returns (tuning seconds, trials, the network-level selection's line) as it reports them."""
+    cmd = [sys.executable, "-m", "ansor", "tune", *model_flags(onnx), "--minutes", str(minutes),
            "--n-trials", str(n_trials), "--log-file", str(log), "--repeat", "3", *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

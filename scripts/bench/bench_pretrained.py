@@ -3,11 +3,13 @@ cold, on models the shipped files were not trained on (issue goal: 2 minutes >= 
 
   python scripts/bench/bench_pretrained.py --onnx vit.onnx convnext.onnx --work-dir bench-pretrained
   python scripts/bench/bench_pretrained.py --onnx vit.onnx --cold-log vit=logs/vit-10min.json
+  python scripts/bench/bench_pretrained.py --network mobilenet-v2 resnet3d-18 --minutes 1 --work-dir bp
 
 For each model, in a work dir that keeps the logs (a rerun reuses a log that exists):
 
 1. ``ansor tune --onnx FILE --minutes 2`` (the default: pretrained) into ``<name>-pretrained.json``;
 2. ``ansor tune --onnx FILE --minutes 10 --no-pretrained`` into ``<name>-cold.json``, or ``--cold-log``;
+   a built-in network (``--network``, batch 1; no ``torch`` needed) is tuned with ``--network NAME``;
 3. the build of each log after each checkpoint minute (the two curves), timed one after another;
 4. the two final builds in turn, ``--rounds`` times in each of ``--processes`` fresh processes
    (``ansor.bench.in_turn``): the ratio pretrained / cold of each round, the median of them all.
@@ -28,7 +30,12 @@ import time
 from pathlib import Path
 
 
-def tuned_log(onnx: Path, log: Path, minutes: float, cold: bool, startup: float = 0.0) -> tuple[float, float, int]:
+def model_name(model: str | Path) -> str:
+    """A model's name in logs and tables: the ONNX file's stem, or the built-in network's name."""
+    return Path(model).stem if str(model).endswith(".onnx") else str(model)
+
+
+def tuned_log(onnx: str | Path, log: Path, minutes: float, cold: bool, startup: float = 0.0) -> tuple[float, float, int]:
     """Tune into ``log`` unless it exists; returns (start time, time of its first measurement, trials). The
     start is kept beside the log; a log given with --cold-log has none, and starts ``startup`` seconds before
     its first measurement."""
@@ -37,7 +44,7 @@ def tuned_log(onnx: Path, log: Path, minutes: float, cold: bool, startup: float 
     start_file = log.with_suffix(".start")
     if not log.exists():
         start = time.time()
-        print(f"{onnx.stem}: tuning {'cold ' if cold else ''}for {minutes:g} minutes ...", flush=True)
+        print(f"{model_name(onnx)}: tuning {'cold ' if cold else ''}for {minutes:g} minutes ...", flush=True)
         tune(onnx, log, minutes, 100_000, ["--no-pretrained"] if cold else [])
         start_file.write_text(json.dumps(start))
     records = load_records(log)
@@ -46,17 +53,17 @@ def tuned_log(onnx: Path, log: Path, minutes: float, cold: bool, startup: float 
     return start, first, len(records)
 
 
-def bench(onnx: Path, cold_log: Path | None, args: argparse.Namespace, target, work: Path) -> dict:
+def bench(onnx: str | Path, cold_log: Path | None, args: argparse.Namespace, target, work: Path) -> dict:
     from ansor.bench.network import CHECKPOINTS, tuning_curve
-    from ansor.bench.in_turn import time_in_processes
-    from ansor.networks import extract, load_onnx
-    name = onnx.stem
+    from ansor.bench.in_turn import load_model, time_in_processes
+    from ansor.networks import extract
+    name = model_name(onnx)
     warm_log = work / f"{name}-pretrained.json"
     warm_start, warm_first, warm_trials = tuned_log(onnx, warm_log, args.minutes, cold=False)
     cold_log = cold_log or work / f"{name}-cold.json"
     startup = warm_first - warm_start  # import, extraction, Ray
     cold_start, _, cold_trials = tuned_log(onnx, cold_log, args.cold_minutes, cold=True, startup=startup)
-    extraction = extract(load_onnx(onnx), target)
+    extraction = extract(load_model(onnx), target)
     warm_curve = list(tuning_curve(extraction, warm_log, warm_start, args.minutes, CHECKPOINTS, target,
                                    args.repeat, 1.0, work, f"{name}-pretrained-part"))
     cold_curve = list(tuning_curve(extraction, cold_log, cold_start, args.cold_minutes, CHECKPOINTS, target,
@@ -103,11 +110,15 @@ def markdown(results: list[dict], args: argparse.Namespace, cpu: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--onnx", nargs="+", required=True, type=Path, help="ONNX models (not in the training data)")
+    parser.add_argument("--onnx", nargs="+", default=[], type=Path, help="ONNX models (not in the training data)")
+    parser.add_argument("--network", nargs="+", default=[], metavar="NAME",
+                        help="built-in networks at batch 1 (not in the training data: mobilenet-v2, resnet3d-18, "
+                             "dcgan)")
     parser.add_argument("--minutes", type=float, default=2.0, help="tuning minutes with the pretrained start (default 2)")
     parser.add_argument("--cold-minutes", type=float, default=10.0, help="tuning minutes cold (default 10)")
     parser.add_argument("--cold-log", nargs="*", default=[], metavar="NAME=LOG",
-                        help="use this log as the cold run of model NAME (the ONNX file's stem) instead of "
+                        help="use this log as the cold run of model NAME (the ONNX file's stem or the "
+                             "network's name) instead of "
                              "tuning; its curve starts as long before its first measurement as the "
                              "pretrained run's did (the startup)")
     parser.add_argument("--work-dir", type=Path, required=True, help="logs (kept: a rerun reuses them)")
@@ -130,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in args.onnx if not p.is_file()]
     if missing:
         parser.error(f"no such ONNX file: {', '.join(missing)}")
+    from ansor.networks import network_names
+    unknown = [n for n in args.network if n not in network_names()]
+    if unknown:
+        parser.error(f"unknown network {', '.join(unknown)}; built-in networks: {', '.join(network_names())}")
+    if not args.onnx and not args.network:
+        parser.error("give models: --onnx FILE ... and/or --network NAME ...")
 
     from ansor.bench.docs import section_key, write_section
     from ansor.bench.peak import cpu_description
@@ -139,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     cpu = cpu_description()
     print(cpu, flush=True)
-    results = [bench(p, cold.get(p.stem), args, target, args.work_dir) for p in args.onnx]
+    results = [bench(m, cold.get(model_name(m)), args, target, args.work_dir) for m in [*args.onnx, *args.network]]
     ratios = [r["ratio"] for r in results]
     print(f"geometric mean pretrained / cold: {statistics.geometric_mean(ratios):.3f}")
     if args.write_docs:
