@@ -50,10 +50,6 @@ __all__ = ["AnsorError", "BuilderOptions", "ComputeDAG", "Database", "Iterator",
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES or name in _LAZY:
-        # First the layer that gives SearchTask its workflow methods (task.tune, task.apply_best, ...): any
-        # task these names hand out, from a log's records as much as from SearchTask itself, then has them.
-        import_module(".tuning", __name__)
     if name in _SUBMODULES:
         return import_module(f".{name}", __name__)
     if name in _LAZY:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, S
 from .errors import AnsorError, StepError
 from .state.loop_state import State
 from .log.measurement import MeasureCallback, MeasureInput, MeasureResult, program_results
-from .log.best import apply_best, best_record, print_best
 from .log.seeds import seed_states
 from .log.records import (
     Record, RecordWriter, best_records, distinct_records, load_records, other_targets_message,
@@ -548,9 +547,3 @@ def tune(func: Any, target: TargetLike = None, trials: Optional[int] = None,
     return tune_task(as_task(func, target, workload_key), with_trials(options, trials), log_file, database=database,
                      resume=resume)
 
-
-# Ansor's spelling of the workflow, as methods of the task (``task.tune(options, log_file)`` etc.).
-SearchTask.tune = tune_task
-SearchTask.best_record = best_record
-SearchTask.apply_best = apply_best
-SearchTask.print_best = print_best

@@ -186,3 +186,44 @@ def test_the_search_asks_its_space_never_whether_the_target_is_a_gpu():
                     and m != "ansor.sketch.search_space" for target, name, line in import_edges(m)
                     if target == "ansor.target" and name in ("is_gpu", "device_kind"))
     assert not asking, "\n".join(asking)
+
+
+def patched_imports(source: str) -> list[tuple[str, int]]:
+    """(target, line) of each assignment to an attribute of an imported class (``SearchTask.tune = f``) or
+    ``setattr`` on one: a class gaining members outside its own module. Classes are the imported names in
+    CapWords (PEP 8); a module's flag set on purpose (``ray_constants.X``, restored) is not a class's member."""
+    tree = ast.parse(source)
+    classes = {alias.asname or alias.name for node in _imports(tree) if isinstance(node, ast.ImportFrom)
+               for alias in node.names if (alias.asname or alias.name)[:1].isupper()}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
+                and node.args:
+            targets = [ast.Attribute(value=node.args[0], attr="?")]
+        else:
+            continue
+        for target in targets:
+            root = target
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if target is not root and isinstance(root, ast.Name) and root.id in classes:
+                found.append((ast.unparse(target), node.lineno))
+    return sorted(found, key=lambda item: item[1])
+
+
+def test_the_patch_checker_finds_attributes_set_on_imported_classes():
+    source = ("from .task import SearchTask\nfrom ray import ray_constants\nSearchTask.tune = 1\n"
+              "setattr(SearchTask, 'x', 2)\nSearchTask.n += 3\nray_constants.FLAG = False\n"
+              "class Mine:\n    pass\nMine.y = 4\ndef f(obj):\n    obj.z = 5\n")
+    assert [t for t, _ in patched_imports(source)] == ["SearchTask.tune", "SearchTask.?", "SearchTask.n"]
+
+
+def test_no_module_attaches_attributes_to_another_modules_class():
+    """A reader of a class's module sees everything the class has (``ansor.tuning`` used to add
+    ``SearchTask.tune`` and three more methods at import time)."""
+    bad = [f"{m}:{line} sets {target}" for m in MODULES for target, line in patched_imports(MODULES[m].read_text())]
+    assert not bad, "\n".join(bad)
