@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ansor.cli import arguments
+from ansor import arguments
 from ansor.cli.commands import COMMANDS
 from ansor.cli.main import command_parser, main
 

@@ -278,7 +278,7 @@ def measure(report: ModelReport, onnx: Path, extraction, log: Path, start: float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..cli.arguments import MINUTES, REPEATS, TRIALS, ExistingFile, Number, OutputDir, OutputFile, Text
+    from ..arguments import MINUTES, REPEATS, TRIALS, ExistingFile, Number, OutputDir, OutputFile, Text
     parser.add_argument("--models", nargs="+", default=None, metavar="NAME", type=Text("a model name", "bert"),
                         help="built-in networks, exported from their PyTorch definitions (default: "
                              f"{' '.join(MODELS)}; needs the torch extra); with --zoo, the zoo's models "

@@ -11,7 +11,7 @@ import sys
 from types import ModuleType
 from typing import Optional, Sequence
 
-from .arguments import EXIT_BAD_INPUT, ArgumentParser
+from ..arguments import EXIT_BAD_INPUT, ArgumentParser
 from .commands import COMMANDS
 
 DESCRIPTION = """An Ansor-style auto-scheduler for tensor programs on Apache TVM.

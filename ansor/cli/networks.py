@@ -12,7 +12,7 @@ from .logs import network_from_log_name
 def add_network_args(parser: argparse.ArgumentParser, *, for_logs: bool = False) -> None:
     """``--network``, ``--onnx`` and ``--batch-size``."""
     infer = " (default: read from the log's file name <network>-b<batch>.json)" if for_logs else ""
-    from .arguments import BATCH, ExistingFile, Text
+    from ..arguments import BATCH, ExistingFile, Text
     parser.add_argument("--network", default=None, metavar="NAME", type=Text("a network name", "resnet-50"),
                         help="built-in network: resnet-50, mobilenet-v2, resnet3d-18, bert, dcgan, tiny-cnn "
                              f"(an unknown name lists them){infer}")

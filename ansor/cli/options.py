@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
-from .arguments import MEMORY_GIB, ray_address_type
+from ..arguments import MEMORY_GIB, ray_address_type
 
 
 def tuning_options(args: argparse.Namespace, callbacks: Sequence = ()):

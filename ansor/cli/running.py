@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..errors import AnsorError, short_message
-from .arguments import EXIT_BAD_INPUT, check_environment
+from ..arguments import EXIT_BAD_INPUT, check_environment
 
 #: Exit statuses of every script.
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130

@@ -47,7 +47,7 @@ def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = N
             target = parse_target({**json.loads(str(target)), "arch": arch})
             logger.info("CUDA arch %s detected on the cluster's GPU", arch)
     set_tvm_threads(target)
-    if not device_kind(target).device_module:  # a CPU target: say what this CPU offers beyond fp32 FMA
+    if not device_kind(target).device_module:  # a CPU target whose code runs here must run on this CPU
         from ..errors import TargetError
         from ..host_cpu import FLAG_FEATURES, host_cpu
         cpu = host_cpu()
@@ -57,8 +57,16 @@ def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = N
             raise TargetError(f"target {target_label(target)} uses {', '.join(missing)}, which this CPU "
                               f"({cpu.model}) lacks (of these units it has: {', '.join(present) or 'none'}); "
                               "use --target host, or --ray-address for a cluster whose nodes have them")
-        print(f"target: {target_label(target)}; this host: {cpu.describe()}", file=sys.stderr)
     return target
+
+
+def announce_target(target) -> None:
+    """A tuning command's first line, once its input is checked: the target and, for a CPU target, the
+    matrix units this host has (so a user sees whether bf16 or AMX would be there to use)."""
+    from ..host_cpu import host_cpu
+    from ..target import device_kind
+    host = "" if device_kind(target).device_module else f"; this host: {host_cpu().describe()}"
+    print(f"target: {target_label(target)}{host}", file=sys.stderr)
 
 
 def target_label(target) -> str:
@@ -75,7 +83,7 @@ def target_label(target) -> str:
 
 def add_log_target_arg(parser: argparse.ArgumentParser) -> None:
     """``--target`` of the commands that build a network from a log's records."""
-    from .arguments import Text
+    from ..arguments import Text
     parser.add_argument("--target", default=None, type=Text("a target", "host"),
                         help="target to build for and whose records to use (default: the target most records "
                              "of the log were measured for, else 'host')")

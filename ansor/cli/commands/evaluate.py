@@ -41,7 +41,7 @@ SUMMARY = "time networks tuned by earlier runs (their logs) against a baseline"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import REPEATS, ExistingFile
+    from ...arguments import REPEATS, ExistingFile
     from ..targets import add_log_target_arg
     from ..networks import add_network_args
 

@@ -25,7 +25,7 @@ SUMMARY = "write a tuned network as a deployable model.so, from its tuning log"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import ExistingFile, OutputDir
+    from ...arguments import ExistingFile, OutputDir
     from ..networks import add_network_args
     from ..options import add_pool_probe_arg
     from ..targets import add_log_target_arg

@@ -35,7 +35,7 @@ SUMMARY = "write the best kernel of each workload in a log as source (CUDA C, LL
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import ExistingFile, OutputDir, Text
+    from ...arguments import ExistingFile, OutputDir, Text
 
     parser.add_argument("log", metavar="LOG", type=ExistingFile("a tuning log", "logs/matmul-512.json"),
                         help="JSON-lines tuning log written by ansor tune-op or ansor tune")

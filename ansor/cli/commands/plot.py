@@ -35,7 +35,7 @@ SUMMARY = "plot (or write as CSV) a network's tuning curve from its log"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import ExistingFile, OutputFile, Text
+    from ...arguments import ExistingFile, OutputFile, Text
     from ..networks import add_network_args
 
     parser.add_argument("log", metavar="LOG", type=ExistingFile("a tuning log", "logs/net-b1.json"),

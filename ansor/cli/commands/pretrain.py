@@ -28,7 +28,7 @@ SUMMARY = "train the shipped pretrained cost model and schedule database from lo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import SEED, ExistingFile, OutputDir, count
+    from ...arguments import SEED, ExistingFile, OutputDir, count
 
     parser.add_argument("logs", nargs="+", metavar="LOG", type=ExistingFile("a tuning log", "logs/zoo/resnet50.json"),
                         help="tuning logs (JSON lines) to learn from, of any CPU targets")

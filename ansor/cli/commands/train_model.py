@@ -56,7 +56,7 @@ SUMMARY = "train a cost model offline from tuning logs (for --load-model)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import SEED, ExistingFile, Number, OutputFile, Text, count
+    from ...arguments import SEED, ExistingFile, Number, OutputFile, Text, count
 
     parser.add_argument("logs", nargs="+", metavar="LOG", type=ExistingFile("a tuning log", "logs/mm.json"),
                         help="tuning logs (JSON lines) to learn from")

@@ -41,7 +41,9 @@ SUMMARY = "tune a network (an ONNX file or a built-in one) and time it end to en
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import MINUTES, PER_ROUND, REPEATS, SEED, SELECT, TRIALS, ExistingFile, OutputDir, OutputFile, Text
+    from ...arguments import (
+        MINUTES, PER_ROUND, REPEATS, SEED, SELECT, TRIALS, ExistingFile, OutputDir, OutputFile, Text,
+    )
     from ..networks import add_network_args
     from ..options import add_build_memory_arg, add_pool_probe_arg, add_ray_address_arg
 
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace, log) -> int:
     from ..logs import check_log_file, log_name
     from ..networks import load_network
     from ..options import open_database
-    from ..targets import parse_target_and_threads
+    from ..targets import announce_target, parse_target_and_threads
 
     if args.select == 1:
         from ...errors import AnsorError
@@ -123,6 +125,7 @@ def run(args: argparse.Namespace, log) -> int:
     name = log_name(net.name, net.batch_size)
     log_file = Path(args.log_file) if args.log_file else (database.path / name if database else Path("logs") / name)
     check_log_file(log_file, must_exist=args.eval_only and database is None, resume=args.resume)
+    announce_target(target)
 
     from ...networks import extract
 

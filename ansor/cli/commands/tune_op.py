@@ -25,7 +25,7 @@ SUMMARY = "tune one operator (a built-in workload) and report its best program"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import PER_ROUND, SEED, TRIALS, ExistingFile, OutputDir, OutputFile, Text
+    from ...arguments import PER_ROUND, SEED, TRIALS, ExistingFile, OutputDir, OutputFile, Text
     from ..options import add_build_memory_arg, add_ray_address_arg
 
     parser.add_argument("--wkl", default="matmul-512", type=Text("a workload name", "matmul-512"),
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, log) -> int:
     from ..logs import check_log_file
     from ..options import open_database, tuning_options
     from ..running import EXIT_FAILED
-    from ..targets import parse_target_and_threads
+    from ..targets import announce_target, parse_target_and_threads
 
     # TVM sizes its thread pool once, from TVM_NUM_THREADS: set it before any kernel runs in this process.
     target = parse_target_and_threads(args.target, args.ray_address, runs_here=True)
@@ -81,6 +81,7 @@ def run(args: argparse.Namespace, log) -> int:
     database = open_database(args.database)
     log_file = Path(args.log_file) if args.log_file else default_log_path(task.workload_key, database)
     check_log_file(log_file, resume=args.resume)
+    announce_target(target)
     if args.resume and not log_file.exists():
         print(f"note: {log_file} does not exist yet; starting a fresh log", file=sys.stderr)
 

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import NoReturn, Optional
 
-from ..errors import AnsorError
+from .errors import AnsorError
 
 #: Exit status of bad input, for every command.
 EXIT_BAD_INPUT = 2
