@@ -235,3 +235,37 @@ def test_bench_and_cli_are_not_tied_both_ways():
     back = [f"{m}:{line} imports {target}" for m in MODULES if m.startswith("ansor.bench")
             for target, _, line in import_edges(m) if target.startswith("ansor.cli")]
     assert not back, "\n".join(back)
+
+
+#: Longest comment above a constant: its reason and figure; the story of the measurement goes to
+#: docs/design.md ("Why these values") or the commit.
+MAX_CONSTANT_COMMENT = 3
+_CONSTANT = re.compile(r"^\s*([A-Z][A-Z0-9_]*)\s*(:[^=]*)?=")
+
+
+def long_constant_comments(source: str) -> list[tuple[str, int, int]]:
+    """(name, line, comment lines) of each UPPER_CASE assignment with more comment lines right above it
+    than :data:`MAX_CONSTANT_COMMENT`."""
+    lines = source.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        match = _CONSTANT.match(line)
+        if not match:
+            continue
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#"):
+            j -= 1
+        if i - 1 - j > MAX_CONSTANT_COMMENT:
+            found.append((match.group(1), i + 1, i - 1 - j))
+    return found
+
+
+def test_the_comment_checker_counts_the_lines_above_a_constant():
+    source = "#: a\n#: b\n#: c\n#: d\nLIMIT = 4\n#: short\nOTHER: int = 2\nx = 1\n"
+    assert long_constant_comments(source) == [("LIMIT", 5, 4)]
+
+
+def test_no_constant_has_a_comment_longer_than_three_lines():
+    bad = [f"{m}:{line} {name} has {n} comment lines" for m in MODULES
+           for name, line, n in long_constant_comments(MODULES[m].read_text())]
+    assert not bad, "\n".join(bad)

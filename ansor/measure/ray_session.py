@@ -39,10 +39,8 @@ IDLE_WORKER_KEEP_MS = 10_000
 #: Seconds to wait for a cluster given by address to answer before calling it unreachable.
 CONNECT_TIMEOUT_S = 10.0
 
-#: Environment of an embedded instance. Its processes (GCS, raylet, agents, workers) inherit it and read it
-#: when they import ray. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes Ray take 127.0.0.1 as the node's
-#: address, and every server binds to the node's address (checked with ``ss -ltnp`` and psutil on Ray 2.60:
-#: GCS, raylet's node manager and object manager, runtime-env agent, every worker).
+#: Environment of an embedded instance, read by each Ray process at import: with it Ray takes 127.0.0.1 as
+#: the node's address, where every server binds (checked with ``ss -ltnp`` on Ray 2.60; docs/safety.md).
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",

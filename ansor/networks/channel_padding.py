@@ -23,10 +23,8 @@ from .conv_rewrite import ConvRewrite, rewrite_convs, ungrouped_nhwc
 #: Widen only when the padded channels add at most this share of the work. 1000 -> 1008 channels adds
 #: 0.8 %, 440 -> 448 (RegNet-Y) 1.8 %; 120 -> 128 (6.7 %) stays as it is.
 MAX_CHANNEL_WASTE = 1 / 16
-#: Multiply-adds per output element (kernel taps x input channels) below which the slice's copy of the
-#: output would cost about as much as the vector width gains. SqueezeNet's classifier (512): its best
-#: program after 300 trials alone took 0.589 ms with 1000 channels and 0.445 ms with 1008 (AMD EPYC,
-#: znver5, 2 threads), where the slice copies its 169 x 1000 outputs in ~0.03 ms.
+#: Multiply-adds per output element below which slicing the padded output costs about what the wider
+#: vectors gain; SqueezeNet's classifier (512): 0.589 ms at 1000 channels, 0.445 at 1008 (design.md).
 MIN_REDUCTION = 256
 
 

@@ -24,12 +24,8 @@ from tvm import relax
 
 from .conv_rewrite import ConvRewrite, plain_nhwc, rewrite_convs
 
-#: A convolution is split when at most this share of its products read the input rather than padding.
-#: DeepLabV3-MobileNet-V3's ASPP convolutions (33x33x960 -> 256) compute 0.57 (dilation 12), 0.27
-#: (dilation 24) and 0.11 (dilation 36); a 3x3 convolution with padding 1 on a 7x7 map 0.82. Tuned in a
-#: 10-minute network run, the three took 9.5, 9.4 and 3.4 ms (AMD EPYC, znver5, 2 threads), the last two
-#: 4.2 ms split (the model: 42.9 -> 33.5 ms); the dilation-12 one stays whole, as its nine rectangles would
-#: hold five times its weights (48 MB).
+#: A convolution is split when at most this share of its products read the input, not padding: DeepLabV3's
+#: dilation-24/36 ASPP convolutions (0.27, 0.11) took 9.4 and 3.4 ms, 4.2 ms split (design.md, "Why").
 MAX_USEFUL_SHARE = 0.5
 
 

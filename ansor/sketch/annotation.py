@@ -42,43 +42,26 @@ REGISTER_TILE_TRIES = 200
 #: one of Ansor's 10-15 uniform choices: inlined, a depthwise convolution reads no padded copy of its input
 #: (MobileNet-V2's 112x112x32 one tuned alone: 0.140 -> 0.070 ms at 96 trials, Zen 3; docs/design.md).
 P_INLINE_BRANCH = 0.5
-#: How often random annotation computes a reduction under the loop where all its consumers are computed
-#: (else the root or a consumer loop, uniformly). A reduction cannot be inlined, and at the root it is a
-#: parallel region of its own: BERT-base's layer norm (mean, variance, their ``_rf`` stages) is five,
-#: 19 us tuned at 48 trials, against 12 us as one region computed row by row (AMD EPYC, znver5, 2 threads).
-#: Each stage of such a chain must follow for the whole to be fused, hence a probability well above the
-#: uniform choice's (docs/design.md).
+#: How often a reduction is computed under the loop of all its consumers (else uniformly): a chain fuses
+#: only if each stage follows. BERT's layer norm: 12 us fused, 19 us as five regions (design.md, "Why").
 P_FOLLOW_CONSUMERS = 0.75
-#: A program this small (loop iterations of all its stages) may also run without threads: random annotation
-#: leaves it serial at ``P_SERIAL`` and the parallel mutation can drop a stage's threads, so the measurement
-#: decides per task and machine whether waking the other threads pays. On 2-core Zen 5 a 1 x 96 x 24 product
-#: took 0.91 us serial and 1.05 us on two threads (hot), and a 1 x 1152 x 48 one 47 against 24 us.
+#: Programs this small (loop iterations) are left serial at ``P_SERIAL``, so measurement decides whether
+#: threads pay: a 1x96x24 product took 0.91 us serial, 1.05 us on 2 threads (design.md, "Why").
 SERIAL_MAX_WORK = 1 << 16
 P_SERIAL = 0.25
-#: A loop whose branch (a concatenation's input) changes along it is vectorized in runs of the branch's
-#: period, its outer part unrolled so each vector's branch is known when compiled, if that unrolls at most
-#: this many vectors: vectorized across the branches, each lane loads through a gather. DenseNet-121's
-#: 14x14 concatenations of 15-23 inputs (then batch norm, ReLU) took 0.12-0.26 ms at 64 lanes, 0.03-0.04
-#: ms in runs of 32 (AMD EPYC Zen 5, 2 threads).
+#: Most vectors unrolled to vectorize a concatenation in runs of its branch period (across branches each
+#: lane is a gather): DenseNet-121's 0.12-0.26 ms at 64 lanes, 0.03-0.04 in runs (design.md, "Why").
 MAX_UNROLLED_VECTORS = 64
-#: How often random annotation moves a short outer loop (at most :data:`MAX_SHORT_OUTER`) of an untiled
-#: element-wise stage inside the next loop and unrolls it; the longer loop goes parallel. A Winograd input
-#: transform's outer loop is its 16 tile positions: moved inside the tiles, one tile's loads serve all 16
-#: and the position's coefficients become constants. DenseNet-121's, 14x14 to 56x56 x 128 channels, best
-#: of 48 sampled programs: 0.011, 0.039, 0.139 ms, against 0.014, 0.055, 0.199 without the move (AMD EPYC
-#: Zen 5, 2 threads, each program timed alone).
+#: How often a short outer loop of an untiled element-wise stage moves inside the next one, unrolled (a
+#: Winograd transform's 16 positions share one tile's loads): 0.139 ms vs 0.199 (design.md, "Why").
 P_SHORT_OUTER_INWARD = 0.5
 MAX_SHORT_OUTER = 16
 #: Registers a register block leaves free for the operands (a broadcast input, the weight vectors).
 SPARE_REGISTERS = 4
 #: A spatial iterator of the CPU tiling structure is split into one level per ``S``: that many less one lengths.
 SPATIAL_SPLIT_LENGTHS = CPU_STRUCTURE.count("S") - 1
-#: How often random annotation tiles a spatial loop (not the vectorized one) as if it were padded to
-#: :func:`padded_extents`: its tiles then need not divide it, and TVM guards the last one with a predicate.
-#: Why: ViT-B/16's matmuls have 197 rows, a prime, so no divisor gives a register block; its MLP-up matmul
-#: (197x768x3072) with only the best record's row split changed to 5-row blocks over 200 rows: 2.33 against
-#: 2.43 ms (AMD EPYC, znver5, 2 threads); tuned 10 minutes with padded tiles, all four of its matmuls' best
-#: programs are padded and 12-17 % faster than without (docs/design.md).
+#: How often a spatial loop (not the vectorized one) is tiled as if padded (:func:`padded_extents`): 197
+#: rows (ViT-B/16) have no register-block divisor; padded, its matmuls ran 12-17 % faster (design.md).
 P_PADDED_TILE = 0.25
 
 
