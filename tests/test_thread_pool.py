@@ -7,6 +7,7 @@ from ansor.networks import apply_schedules, build, extract, get_network
 from ansor.relax import export_network
 from ansor.relax.thread_pool import MARGIN, SETTINGS, choose_pool_setting
 from ansor.target import host_target
+from ansor.task.timing import TimingPolicy
 
 
 def test_each_setting_is_timed_in_fresh_processes_and_unbound_threads_stand_unless_beaten(tmp_path):
@@ -17,7 +18,8 @@ def test_each_setting_is_timed_in_fresh_processes_and_unbound_threads_stand_unle
     exe = build(apply_schedules(ex.mod, ex.tasks, {}, target=target), target)
     settings = SETTINGS[:2]
     assert [s.name for s in settings] == ["unbound", "bound"]
-    choice = choose_pool_setting(exe, ex.network, target, processes=2, settings=settings, min_repeat_ms=20)
+    choice = choose_pool_setting(exe, ex.network, target, processes=2, settings=settings,
+                                 timing=TimingPolicy(repeat=5, min_repeat_ms=20))
     assert set(choice.ms) == {"bound", "unbound"} and all(len(v) == 2 and min(v) > 0 for v in choice.ms.values())
     mean = {k: sum(v) / len(v) for k, v in choice.ms.items()}
     assert choice.best.name == ("bound" if mean["bound"] < (1 - MARGIN) * mean["unbound"] else "unbound")

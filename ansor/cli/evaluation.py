@@ -8,6 +8,8 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..task.timing import REPORT
+
 
 @dataclass
 class NetworkEvaluation:
@@ -32,8 +34,8 @@ def tuned_task_count(tasks, log: os.PathLike | Sequence[os.PathLike], target) ->
     return sum(1 for t in tasks if t.workload_key in best)
 
 
-def evaluate_network(extraction, log: os.PathLike | Sequence[os.PathLike], target, repeat: int = 10,
-                     min_repeat_ms: int = 200) -> NetworkEvaluation:
+def evaluate_network(extraction, log: os.PathLike | Sequence[os.PathLike], target, repeat: int = REPORT.repeat,
+                     min_repeat_ms: int = REPORT.min_repeat_ms) -> NetworkEvaluation:
     """Build the default and the tuned network, compare their outputs, and time both.
 
     The default build gives every task the parallel + vectorized default schedule; the tuned build

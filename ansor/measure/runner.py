@@ -19,6 +19,7 @@ import ray
 import tvm
 
 from ..task import program
+from ..task.timing import CANDIDATE
 from ..state.layout_rewrite import PackedLayout, pack_arguments
 from ..log.measurement import ErrorNo, MAX_COST, error_text
 from .check import output_mismatch
@@ -56,8 +57,8 @@ class RunConfig:
     """
 
     number: int = 1
-    repeat: int = 3
-    min_repeat_ms: int = 15
+    repeat: int = CANDIDATE.repeat
+    min_repeat_ms: int = CANDIDATE.min_repeat_ms
     enable_cpu_cache_flush: bool = True
     slow_factor: float = 5.0
 

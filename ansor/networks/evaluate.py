@@ -22,6 +22,7 @@ from tvm import relax
 from .. import codegen
 from ..errors import short_message
 from ..target import device_kind, parse_target
+from ..task.timing import REPORT
 from .schedules import apply_schedules
 from .extract import Extraction
 from .network import Network, NetworkError
@@ -133,7 +134,8 @@ def run(executable: tvm.runtime.Executable, network: Network, inputs: Optional[S
 
 
 def time_network(executable: tvm.runtime.Executable, network: Network, inputs: Optional[Sequence[np.ndarray]] = None,
-                 target: TargetLike = None, repeat: int = 10, min_repeat_ms: int = 200) -> Timing:
+                 target: TargetLike = None, repeat: int = REPORT.repeat,
+                 min_repeat_ms: int = REPORT.min_repeat_ms) -> Timing:
     """Time a built network with ``time_evaluator`` on seeded inputs (weights already on the device).
 
     Each repeat runs the network as often as fits in ``min_repeat_ms`` and reports the average; the

@@ -28,6 +28,7 @@ from ..log.measurement import ErrorNo, MeasureResult
 from ..log.records import Record, RecordWriter, distinct_records, load_records
 from ..state.loop_state import State
 from ..target import device_kind, parse_target
+from ..task.timing import SELECTION
 from .evaluate import CallProfiler, build, time_network
 from .extract import Extraction, NetworkTask
 from .schedules import apply_schedules, replayed_state
@@ -214,8 +215,10 @@ def compare_builds(best: tvm.runtime.Executable, selected: tvm.runtime.Executabl
     most rounds (so a tie on a noisy machine keeps the measurements' choice)."""
     pairs = []
     for _ in range(rounds):
-        pairs.append((time_network(best, network, target=target, repeat=3, min_repeat_ms=50).median_ms,
-                      time_network(selected, network, target=target, repeat=3, min_repeat_ms=50).median_ms))
+        pairs.append((time_network(best, network, target=target, repeat=SELECTION.repeat,
+                                   min_repeat_ms=SELECTION.min_repeat_ms).median_ms,
+                      time_network(selected, network, target=target, repeat=SELECTION.repeat,
+                                   min_repeat_ms=SELECTION.min_repeat_ms).median_ms))
     best_ms = statistics.median(p[0] for p in pairs)
     selected_ms = statistics.median(p[1] for p in pairs)
     wins = sum(1 for b, s in pairs if s < b)

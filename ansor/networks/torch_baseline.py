@@ -41,6 +41,7 @@ from .evaluate import Timing
 from .models import resnet_plan
 from .network import Network, NetworkError
 from .registry import BERT_SEQ_LEN, WEIGHT_SEED, get_network
+from ..task.timing import REPORT
 
 if TYPE_CHECKING:
     import torch
@@ -354,8 +355,8 @@ def torch_inputs(network: Network, seed: int = 0) -> list["torch.Tensor"]:
     return out
 
 
-def time_torch(name: str, batch_size: int, threads: int, repeat: int = 10, min_repeat_ms: int = 200,
-               warmup: int = 3) -> Timing:
+def time_torch(name: str, batch_size: int, threads: int, repeat: int = REPORT.repeat,
+               min_repeat_ms: int = REPORT.min_repeat_ms, warmup: int = 3) -> Timing:
     """Time the PyTorch eager model of a built-in network, as :func:`~ansor.networks.time_network` does.
 
     ``torch.set_num_threads(threads)`` for the measurement (pass the target's core count; the previous

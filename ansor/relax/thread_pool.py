@@ -29,6 +29,7 @@ import tvm
 from ..errors import AnsorError
 from ..networks.network import Network
 from ..task.search_task import TargetLike
+from ..task.timing import POOL_PROBE, TimingPolicy
 from ..target import parse_target
 from .export import LOADER, export_network
 
@@ -71,14 +72,15 @@ class PoolChoice:
 #: Run in a fresh process: the export's own loader, then the entry timed on zeros.
 _PROBE = LOADER + '''
 args = [tvm.runtime.tensor(np.zeros(s["shape"], s["dtype"]), device) for s in meta["inputs"]]
-timer = vm.time_evaluator(meta["entry"], device, number=1, repeat=5, min_repeat_ms=int(os.environ["PROBE_MS"]))
+timer = vm.time_evaluator(meta["entry"], device, number=1, repeat=int(os.environ["PROBE_REPEAT"]),
+                          min_repeat_ms=int(os.environ["PROBE_MS"]))
 print(sorted(timer(*args, *weights).results)[2] * 1e3)
 '''
 
 
 def choose_pool_setting(executable: tvm.runtime.Executable, network: Network, target: TargetLike,
                         processes: int = 3, settings: Sequence[PoolSetting] = SETTINGS,
-                        min_repeat_ms: int = 100) -> PoolChoice:
+                        timing: TimingPolicy = POOL_PROBE) -> PoolChoice:
     """Time ``executable`` in ``processes`` fresh processes per setting, in turn; the first setting is the
     default the others must beat by :data:`MARGIN`."""
     ms: dict[str, list[float]] = {s.name: [] for s in settings}
@@ -87,7 +89,8 @@ def choose_pool_setting(executable: tvm.runtime.Executable, network: Network, ta
         threads = json.loads((Path(work) / "model.json").read_text())["num_threads"]  # the target's cores
         for _ in range(processes):
             for setting in settings:
-                env = {**os.environ, **dict(setting.env), "MODEL_DIR": work, "PROBE_MS": str(min_repeat_ms)}
+                env = {**os.environ, **dict(setting.env), "MODEL_DIR": work,
+                       "PROBE_MS": str(timing.min_repeat_ms), "PROBE_REPEAT": str(timing.repeat)}
                 if threads:
                     env["TVM_NUM_THREADS"] = str(threads)
                 proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True,

@@ -17,6 +17,7 @@ from .. import codegen
 from ..state.layout_rewrite import PackedLayout, pack_arguments, packed_layouts
 from ..state.loop_state import State
 from .search_task import SearchTask
+from .timing import REPORT
 
 
 def schedule(task: SearchTask, state: Optional[State]) -> tvm.IRModule:
@@ -104,7 +105,7 @@ def runs_per_repeat(probe_s: float, min_repeat_ms: float, least: int = 1) -> int
 
 
 def time_module(module: tvm.runtime.Module, arrays: Sequence[np.ndarray],
-                repeat: int = 10, min_repeat_ms: int = 200, device: Optional[tvm.runtime.Device] = None,
+                repeat: int = REPORT.repeat, min_repeat_ms: int = REPORT.min_repeat_ms, device: Optional[tvm.runtime.Device] = None,
                 layouts: Sequence[PackedLayout] = (), cold: bool = True) -> float:
     """Median seconds per run over ``repeat`` repeats of about ``min_repeat_ms`` each.
 
