@@ -15,7 +15,7 @@ from ansor.errors import AnsorError
 from ansor.bench.docs import Provenance
 from ansor.bench.network_report import DEFAULT, OURS, ModelReport, TaskRow, result_cells
 from ansor.bench.peers import PeerResult
-from ansor.bench.zoo_bench import (ZooResult, ZooStatus, bench_zoo_model, log_path, needs_tuning, read_status,
+from ansor.bench.zoo_bench import (StoredRow, ZooResult, ZooStatus, bench_zoo_model, log_path, needs_tuning, read_status,
                                    status_path, write_status, write_zoo_docs, zoo_row, zoo_rows)
 
 REQUIRED = {zoo.MOBILE_SE, zoo.DEPTHWISE, zoo.GROUPED, zoo.DENSE, zoo.INCEPTION, zoo.CONVNEXT, zoo.VIT,
@@ -220,7 +220,12 @@ def test_the_readme_summary_shows_the_latest_run_between_its_markers(tmp_path):
     text = readme.read_text()
     assert "old figures" not in text and text.endswith("rest\n") and text.startswith("# x\n")
     assert "| resnet50 | **1.50** | 2.00x |" in text and "| swin_t | - | - |" in text
-    assert "Model zoo after 10 minutes of tuning each; CPU: Test CPU (2 cores), 2025-01-01" in text
+    assert "Model zoo after 10 minutes of tuning each; CPU: Test CPU (2 cores); one run of 2025-01-01" in text
+    assert "`ansor bench --zoo --minutes 10 --work-dir bench-work --write-docs .`" in text  # rerunnable as it is
+    cells = ("gpt2", *zoo_row(ok)[0][1:])
+    kept = ZooResult(zoo.BY_NAME["gpt2"], resumed=True, stored=StoredRow(cells, 0.9, "2024-12-24"))
+    write_zoo_docs(tmp_path, [ok, kept], provenance, 10)
+    assert "assembled from runs of 2024-12-24 to 2025-01-01" in readme.read_text()
 
 
 def test_export_writes_the_onnx_file_once(tmp_path):
@@ -264,3 +269,16 @@ def test_in_network_over_alone_counts_only_tasks_timed_in_full_alone():
     assert report.in_network_over_alone() == pytest.approx(2.0 / 1.6)
     report.breakdown = [TaskRow("winograd_input", 2, 0.1, float("nan"), 1.0)]
     assert np.isnan(report.in_network_over_alone())
+
+
+def test_provenance_commands_rerun_from_the_repository(tmp_path):
+    """No absolute directory of the machine that measured: the work dir and docs root are the reader's."""
+    from ansor.bench.docs import portable
+    root = tmp_path / "repo"
+    (root / "models").mkdir(parents=True)
+    argv = ["--onnx", "/elsewhere/zoo/vit_b_16.onnx", str(root / "models" / "m.onnx"), "--work-dir", "/work/bp18",
+            "--write-docs", "/work/bp18/docsroot", "--models", "resnet50", "--rounds", "5"]
+    assert portable(argv, root) == ["--onnx", "bench-work/vit_b_16.onnx", "models/m.onnx", "--work-dir",
+                                    "bench-work", "--write-docs", ".", "--models", "resnet50", "--rounds", "5"]
+    command = Provenance.here("CPU: x", argv=["--zoo", "--work-dir", "/tmp/zz"]).command
+    assert command == "ansor bench --zoo --work-dir bench-work"

@@ -48,7 +48,7 @@ class Provenance:
                 versions.append(f"{name} {metadata.version(name)}")
             except metadata.PackageNotFoundError:
                 continue
-        flags = list(sys.argv[1:] if argv is None else argv)
+        flags = portable(list(sys.argv[1:] if argv is None else argv))
         if script:
             command = shlex.join(["python", script, *flags])
         else:
@@ -61,9 +61,39 @@ class Provenance:
         return f"- date: {self.date}\n- {self.cpu}\n- versions: {self.versions}\n- command: `{self.command}`\n"
 
 
+#: The repository's root: a path under it is written relative to it.
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Flags whose directory a reader picks: written as the name of a directory in the repository's root.
+_WORK_FLAGS = {"--work-dir": "bench-work", "--write-docs": "."}
+
+
+def portable(argv: Sequence[str], root: Path = REPO_ROOT) -> list[str]:
+    """``argv`` as a reader reruns it from the repository's root: paths under it relative to it,
+    ``--write-docs`` the root itself, ``--work-dir`` a directory there, and any other absolute path its
+    file name (an ONNX file the zoo benchmark exports keeps its name: ``bench-work/vit_b_16.onnx``)."""
+    out: list[str] = []
+    flag = ""
+    for arg in argv:
+        if flag in _WORK_FLAGS:
+            out.append(_WORK_FLAGS[flag])
+        elif arg.startswith("/"):
+            path = Path(arg)
+            try:
+                out.append(str(path.resolve().relative_to(root)))
+            except ValueError:
+                out.append(f"{_WORK_FLAGS['--work-dir']}/{path.name}")
+        else:
+            out.append(arg)
+        flag = arg if arg.startswith("--") else ""
+    return out
+
+
 def section_key(benchmark: str, cpu: str) -> str:
-    """A stable key of one benchmark on one kind of CPU (the model name, without spaces)."""
-    kind = re.sub(r"[^A-Za-z0-9]+", "-", cpu.removeprefix("CPU: ").split(" (")[0]).strip("-").lower()
+    """A stable key of one benchmark on one kind of CPU: the model name and LLVM's name of the CPU, without
+    spaces (Zen 3 and Zen 5 machines both report the model "AMD EPYC")."""
+    model = cpu.removeprefix("CPU: ").split(" (")[0]
+    llvm = re.search(r"\(LLVM ([\w.-]+)", cpu)
+    kind = re.sub(r"[^A-Za-z0-9]+", "-", model + (f" {llvm.group(1)}" if llvm else "")).strip("-").lower()
     return f"{benchmark}:{kind or 'cpu'}"
 
 

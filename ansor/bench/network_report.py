@@ -203,14 +203,16 @@ def summary_row(model: str, cells: tuple[str, ...]) -> tuple[str, str, str]:
 
 
 def write_summary(root: Path, what: str, rows: list[tuple[str, str, str]], geomean: float,
-                  provenance: Provenance) -> None:
+                  provenance: Provenance, source: str = "") -> None:
     """The short table of ``root/README.md`` between its ``generated: network-summary`` markers, when it has
-    them: the latest run of either benchmark (``what`` names it), one :func:`summary_row` per model."""
+    them: the latest run of either benchmark (``what`` names it), one :func:`summary_row` per model.
+    ``source``: how the table was made, when not by the one command of ``provenance``."""
     readme = root / "README.md"
     if readme.exists() and "<!-- generated: network-summary -->" in readme.read_text():
         short = markdown_table(("model", "ansor / fastest f32 runtime", "tuned vs default"), rows, "<>>")
+        source = source or f"{provenance.date}, `{provenance.command}`"
         write_section(readme, "network-summary",
-                      f"{what}; {provenance.cpu}, {provenance.date}, `{provenance.command}`:\n\n{short}\n\n"
+                      f"{what}; {provenance.cpu}; {source}:\n\n{short}\n\n"
                       f"Geometric mean **{geomean:.2f}**. All figures: [docs/benchmarks.md](docs/benchmarks.md).")
 
 

@@ -223,7 +223,9 @@ def cpu_description() -> str:
     isa = next((name for feature, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"),
                                            ("neon", "NEON"), ("sse2", "SSE2"))
                 if _has_feature(tvm, feature, target)), "scalar")
-    return f"CPU: {model} (LLVM {target.attrs['mcpu']}, {isa}, {physical_cores()} physical cores)"
+    from ..host_cpu import host_cpu
+    units = "".join(f", {unit.name}" for unit in host_cpu().matrix_units)
+    return f"CPU: {model} (LLVM {target.attrs['mcpu']}, {isa}{units}, {physical_cores()} physical cores)"
 
 
 def _has_feature(tvm, feature: str, target) -> bool:

@@ -272,8 +272,19 @@ def write_zoo_docs(root: Path, results: list[ZooResult], provenance: Provenance,
     _, rows, geomean, _ = zoo_rows(results)
     width = len(RESULT_HEADER)
     write_summary(Path(root), f"Model zoo after {minutes:g} minutes of tuning each",
-                  [summary_row(row[0], row[-width:]) for row in rows], geomean, provenance)
+                  [summary_row(row[0], row[-width:]) for row in rows], geomean, provenance,
+                  assembled_from(results, provenance, minutes))
     return path
+
+
+def assembled_from(results: list[ZooResult], provenance: Provenance, minutes: float) -> str:
+    """Which runs a zoo table comes from (``--models`` reruns keep the other rows, dated) and the command
+    that measures the whole zoo again."""
+    dates = sorted({r.stored.timed for r in results if r.stored is not None and r.stored.timed}
+                   | {provenance.date})
+    when = f"assembled from runs of {dates[0]} to {dates[-1]} (each row's date: docs/benchmarks.md)" \
+        if len(dates) > 1 else f"one run of {dates[0]}"
+    return f"{when}; the whole zoo: `ansor bench --zoo --minutes {minutes:g} --work-dir bench-work --write-docs .`"
 
 
 def run_zoo(args: argparse.Namespace) -> int:
