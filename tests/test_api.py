@@ -40,6 +40,7 @@ def tuned(local_ray, tmp_path_factory):
     return log, result, seen
 
 
+@pytest.mark.slow
 def test_tune_te_compute_in_one_call(tuned):
     log, result, seen = tuned
     assert result.trials == 4 and result.resumed == 0 and result.measured == 4
@@ -50,6 +51,7 @@ def test_tune_te_compute_in_one_call(tuned):
     assert str(result).startswith(f"{result.task.workload_key}: best ")
 
 
+@pytest.mark.slow
 def test_apply_best_and_print_best(tuned):
     log, result, _ = tuned
     task = result.task
@@ -68,6 +70,7 @@ def test_apply_best_and_print_best(tuned):
         ansor.print_best(task, log, print_mode="te")
 
 
+@pytest.mark.slow
 def test_rerun_resumes_and_a_spent_budget_measures_nothing(tuned, tmp_path):
     log, result, _ = tuned
     again = ansor.tune(matmul(), TARGET, trials=4, log_file=log, options=FAST)
@@ -81,6 +84,7 @@ def test_rerun_resumes_and_a_spent_budget_measures_nothing(tuned, tmp_path):
     assert {r.steps for r in load_records(tmp_path / "new.json")}.isdisjoint({r.steps for r in load_records(log)})
 
 
+@pytest.mark.slow
 def test_search_task_tune_in_auto_scheduler_vocabulary(tuned):
     log, result, _ = tuned
     task = ansor.SearchTask(te.create_prim_func(matmul()), TARGET)
@@ -92,6 +96,7 @@ def test_search_task_tune_in_auto_scheduler_vocabulary(tuned):
     assert "sch." in ansor.print_best(task, log)
 
 
+@pytest.mark.slow
 def test_a_task_read_from_a_log_works_with_the_workflow_in_a_fresh_process(tuned):
     """The workflow functions take a task from a log's records as much as one the user made."""
     log, result, _ = tuned
@@ -103,6 +108,7 @@ def test_a_task_read_from_a_log_works_with_the_workflow_in_a_fresh_process(tuned
     assert float(out.stdout.split()[-1]) == result.best_cost
 
 
+@pytest.mark.slow
 def test_scripts_and_api_share_one_timing_definition(local_ray):
     from ansor.cli.options import tuning_options
     from ansor.tuning import make_measurer

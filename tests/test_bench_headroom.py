@@ -20,6 +20,7 @@ def test_ceiling_puts_tiled_kernels_at_the_peak_and_keeps_faster_ones():
     assert h.ceiling(100.0) == pytest.approx(10.0 / 5.0)
 
 
+@pytest.mark.slow
 def test_headroom_of_real_profiles_covers_every_task():
     net = get_network("tiny-cnn", 1)
     ex = extract(net, TARGET)

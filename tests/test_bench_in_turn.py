@@ -20,6 +20,7 @@ def tiny_onnx(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_each_process_times_every_log_in_every_round(tiny_onnx, tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_NUM_THREADS", "1")
     log = tmp_path / "empty.json"  # no records: the default schedules
@@ -31,6 +32,7 @@ def test_each_process_times_every_log_in_every_round(tiny_onnx, tmp_path, monkey
         assert all(len(times) == 2 and all(0 < t < 1000 for t in times) for times in rounds)
 
 
+@pytest.mark.slow
 def test_a_failing_process_names_its_error(tiny_onnx, tmp_path):
     missing = tmp_path / "missing.json"
     with pytest.raises(RuntimeError, match="missing.json"):

@@ -6,6 +6,9 @@ import pytest
 
 from ansor.bench import peak
 
+# Slow tier: each probe compiles C or tries OpenBLAS's kernel families in processes of their own.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None, reason="needs a C compiler")
 def test_fma_probe_builds_for_this_cpu_and_measures_work():

@@ -142,6 +142,7 @@ def test_an_empty_ray_address_or_lock_path_means_unset(walk_dir, capsys, monkeyp
     assert "no-such-workload" in _one_error_line(capsys)
 
 
+@pytest.mark.slow
 def test_ansor_command_and_python_dash_m_and_the_scripts_agree(tmp_path):
     """The console script, ``python -m ansor`` and the old script name run the same parser."""
     env = {k: v for k, v in os.environ.items() if k not in arguments.ENVIRONMENT}

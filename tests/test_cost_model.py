@@ -400,6 +400,7 @@ def test_script_on_a_log_of_failed_measurements_only_is_exit_2(task, tmp_path, c
     assert not (tmp_path / "m.npz").exists()
 
 
+@pytest.mark.slow
 def test_script_trains_reports_and_saves(task, synthetic, tmp_path):
     inputs, results = synthetic
     log = tmp_path / "synthetic.json"

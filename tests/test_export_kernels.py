@@ -40,6 +40,7 @@ def cpu_log(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_cpu_log_exports_llvm_ir_assembly_tvmscript_and_index(cpu_log, tmp_path):
     out = tmp_path / "kernels"
     proc = run(str(cpu_log), "--out", str(out))
@@ -60,6 +61,7 @@ def test_cpu_log_exports_llvm_ir_assembly_tvmscript_and_index(cpu_log, tmp_path)
     assert entry["latency_s"] == min(c for c in costs if c < 1e9)  # the best valid record, not the failed one
 
 
+@pytest.mark.slow
 def test_cuda_log_exports_source_that_nvcc_compiles(tmp_path):
     """The record's cost is a placeholder: there is no GPU here to time it, and export only reads the cost.
 
@@ -98,12 +100,14 @@ def test_missing_log_is_exit_2(tmp_path):
     _one_line_exit_2(run(str(tmp_path / "nope.json"), "--out", str(tmp_path / "k")), "does not exist")
 
 
+@pytest.mark.slow
 def test_corrupt_log_is_exit_2(tmp_path):
     log = tmp_path / "bad.json"
     log.write_text("not json\n{\"i\": 3}\n")
     _one_line_exit_2(run(str(log), "--out", str(tmp_path / "k")), "no valid record")
 
 
+@pytest.mark.slow
 def test_log_with_only_failed_records_is_exit_2(tmp_path):
     task = SearchTask.from_workload("matmul-64", "llvm -num-cores=1")
     log = tmp_path / "failed.json"
@@ -112,6 +116,7 @@ def test_log_with_only_failed_records_is_exit_2(tmp_path):
     _one_line_exit_2(run(str(log), "--out", str(tmp_path / "k")), "no valid record")
 
 
+@pytest.mark.slow
 def test_unknown_workload_is_exit_2(cpu_log, tmp_path):
     _one_line_exit_2(run(str(cpu_log), "--out", str(tmp_path / "k"), "--workload", "matmul-128"), "matmul-128")
 

@@ -310,6 +310,7 @@ def _numpy_forward(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+@pytest.mark.slow
 def test_network_with_silu_and_gelu_builds_fast_and_matches_numpy():
     net = _se_silu_gelu_network()
     target = ASM_TARGETS["x86-64"]

@@ -83,6 +83,7 @@ POPULATION_WORKLOADS = ["matmul-512", "conv2d-nhwc-small", "softmax-4x1024", "co
 
 
 @pytest.mark.parametrize("name", POPULATION_WORKLOADS)
+@pytest.mark.slow
 def test_initial_population_builds_for_cuda_and_passes_gpu_verification(name):
     task = cuda_task(name)
     rng = random.Random(0)
@@ -186,6 +187,7 @@ def test_policy_batches_pass_gpu_verification():
     assert batch and all(verify_gpu(task, s) is None for s in batch)
 
 
+@pytest.mark.slow
 def test_cuda_source_compiles_with_nvcc(tmp_path):
     """The generated CUDA C is a standalone translation unit for nvcc (no GPU needed to compile)."""
     nvcc = shutil.which("nvcc")
@@ -216,6 +218,7 @@ def test_tuned_program_runs_correctly_on_a_gpu():
     np.testing.assert_allclose(got[-1], get_workload("matmul-512").reference(args[:-1])[-1], rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_tune_test_without_a_gpu_fails_with_one_line(tmp_path):
     """Sketches and sampling work for CUDA here; measurement needs a GPU node, which is a clean exit 2."""
     if tvm.cuda().exist:

@@ -245,6 +245,7 @@ def test_files_that_never_end_are_refused(tmp_path, task):
             load_model(path)
 
 
+@pytest.mark.slow
 def test_fresh_process_survives_graphs_that_crash_tvm(tmp_path, log_lines):
     """Cycles and deep chains crash TVM's loader (SIGSEGV), a foreign triple its feature query; checked
     first, the process lives and reports."""

@@ -23,6 +23,9 @@ from ansor.measure.runner_pool import RunnerPool
 from ansor.log.records import RecordWriter, load_records
 from ansor.task.search_task import SearchTask
 
+# Slow tier: every test measures on a real local Ray (started once, ~4 s).
+pytestmark = pytest.mark.slow
+
 CUDA = {"kind": "cuda", "arch": "sm_80"}
 
 

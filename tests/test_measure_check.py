@@ -5,6 +5,7 @@ import logging
 import random
 
 import numpy as np
+import pytest
 import ray
 from tvm import te
 
@@ -17,6 +18,9 @@ from ansor.measure.runner import RunConfig, Runner
 from ansor.measure.shipping import ship, task_key
 from ansor.task.search_task import SearchTask
 from ansor.sketch.policy import SketchPolicy
+
+# Slow tier: runs on a real local Ray (started once, ~4 s) and times real candidates.
+pytestmark = pytest.mark.slow
 
 TARGET = "llvm -num-cores=2"
 

@@ -10,6 +10,9 @@ from ansor.measure import ErrorNo, ProgramMeasurer
 from ansor.measure.ray_session import loopback_only
 from ansor.task.search_task import SearchTask
 
+# Slow tier: a simulated two-node Ray cluster, with a node killed mid-batch.
+pytestmark = pytest.mark.slow
+
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 100 * 2 ** 20}
 
 

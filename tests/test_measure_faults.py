@@ -19,12 +19,16 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer
 from ansor.task.search_task import SearchTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
 from fault_programs import big_copy, crashing, endless, lying_scan  # noqa: E402  (shared with fault_report.py)
+
+# Slow tier: real faults (hung builds and kernels, crashes) injected on a real Ray.
+pytestmark = pytest.mark.slow
 
 BUILD_TIMEOUT = 4.0
 RUN_TIMEOUT = 3.0

@@ -7,6 +7,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+# Slow tier: two tuners in subprocesses, each with its own Ray.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 TUNER = textwrap.dedent("""

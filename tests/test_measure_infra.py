@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import ray
 
 from ansor.measure import ErrorNo, MeasureInput, MeasureResult, ProgramMeasurer, program_results
@@ -19,6 +20,9 @@ from ansor.task.search_task import SearchTask
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "bench"))
 from fault_programs import big_copy  # noqa: E402  (shared with scripts/bench/fault_report.py)
+
+# Slow tier: faults of the machinery (held CPUs, a SIGKILLed runner, a memory cap) on a real Ray.
+pytestmark = pytest.mark.slow
 
 
 @ray.remote

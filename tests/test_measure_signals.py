@@ -11,8 +11,12 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from ansor.log.records import load_records
+
+# Slow tier: SIGINT sent to tuners in subprocesses that each start a Ray.
+pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent("""
     import sys

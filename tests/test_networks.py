@@ -86,6 +86,7 @@ def test_weights_are_seeded_and_match_the_module():
 
 # ---------------------------------------------------------------------------------------------- extraction
 @pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.slow
 def test_network_extracts_expected_tasks(extractions, name):
     net, ex = extractions[name]
     n_tasks, n_weighted, n_skipped = EXPECTED[name]
@@ -100,6 +101,7 @@ def test_network_extracts_expected_tasks(extractions, name):
     assert net.inputs[0].shape[0] == 1
 
 
+@pytest.mark.slow
 def test_task_names_and_weights_resnet50(extractions):
     _, ex = extractions["resnet-50"]
     by_name = {t.name: t for t in ex.tasks}
@@ -115,6 +117,7 @@ def test_task_names_and_weights_resnet50(extractions):
     assert sum(t.weight for t in ex.tasks if t.name.startswith("fused_winograd_output_add_relu")) == 13
 
 
+@pytest.mark.slow
 def test_bert_copies_are_skipped_not_tasks(extractions):
     _, ex = extractions["bert"]
     reasons = {s.name.split(" ")[0]: s.reason for s in ex.skipped}
@@ -125,6 +128,7 @@ def test_bert_copies_are_skipped_not_tasks(extractions):
 
 
 @pytest.mark.parametrize("name", ["resnet-50", "bert"])
+@pytest.mark.slow
 def test_batch_16_extracts_the_same_structure(extractions, name):
     tasks = extract(get_network(name, 16), TARGET).tasks
     n_tasks, n_weighted, _ = EXPECTED[name]
@@ -135,6 +139,7 @@ def test_batch_16_extracts_the_same_structure(extractions, name):
 
 # ---------------------------------------------------------------------------------------------- apply-best
 @pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.slow
 def test_default_schedule_is_parallel_and_vectorized(extractions, name):
     _, ex = extractions[name]
     mod = apply_schedules(ex.mod, ex.tasks, {}, target=TARGET)
@@ -150,6 +155,7 @@ def test_default_schedule_is_parallel_and_vectorized(extractions, name):
             assert _parallel_and_vector(mod[s.global_vars[0]])[0], s.name
 
 
+@pytest.mark.slow
 def test_tuned_tiny_cnn_matches_default_build(extractions):
     net, ex = extractions["tiny-cnn"]
     for seed in range(2):
@@ -167,6 +173,7 @@ def test_tuned_tiny_cnn_matches_default_build(extractions):
         assert comparison.ok, comparison
 
 
+@pytest.mark.slow
 def test_call_profile_times_every_kernel_call_of_an_inference(extractions):
     """The in-place profile sees each task's kernels as often as the network calls them, and nothing the
     network does not call; a kernel doing more work shows as more milliseconds. Every task keeps its
@@ -186,6 +193,7 @@ def test_call_profile_times_every_kernel_call_of_an_inference(extractions):
     assert profile.ms[conv.global_vars[0]] > profile.ms[pool.global_vars[0]]
 
 
+@pytest.mark.slow
 def test_weights_are_packed_once_at_build_time(extractions):
     """Tuned convolutions and the dense layer read packed constant weights. apply_schedules packs each weight
     once: the kernels hold no packing block, the calls pass constants in the packed layout, and the
@@ -218,6 +226,7 @@ def _calls(func, name: str) -> list[list]:
     return found
 
 
+@pytest.mark.slow
 def test_mobilenet_default_build_matches_untuned_build(extractions):
     net, ex = extractions["mobilenet-v2"]
     default = build(apply_schedules(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
@@ -226,6 +235,7 @@ def test_mobilenet_default_build_matches_untuned_build(extractions):
     assert comparison.ok and comparison.scale > 0, comparison
 
 
+@pytest.mark.slow
 def test_apply_schedules_rejects_tasks_of_another_module(extractions):
     _, ex = extractions["tiny-cnn"]
     other = extract(get_network("tiny-cnn", 2), TARGET)
@@ -233,6 +243,7 @@ def test_apply_schedules_rejects_tasks_of_another_module(extractions):
         apply_schedules(ex.mod, other.tasks, {})
 
 
+@pytest.mark.slow
 def test_apply_history_best_takes_the_fastest_record(extractions, tmp_path):
     net, ex = extractions["tiny-cnn"]
     log = tmp_path / "tiny.json"
@@ -436,6 +447,7 @@ _TIMING_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_default_build_is_faster_than_untuned_build():
     cores = physical_cores()
     env = {**os.environ, "TVM_NUM_THREADS": str(cores)}

@@ -51,6 +51,7 @@ def _dilated_network(shape, dilation, padding, channels=8) -> Network:
     ((2, 9, 11, 16), (12, 3), (12, 3, 12, 4), 4),  # rows: the centre tap only; columns asymmetric
     ((1, 5, 5, 16), 5, (5, 5, 5, 5), 1),  # the centre tap only: a 1x1 convolution
 ])
+@pytest.mark.slow
 def test_network_with_padding_taps_skipped_computes_the_same_outputs(shape, dilation, padding, convs):
     net = _dilated_network(shape, dilation, padding)
     kernels = []

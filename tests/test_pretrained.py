@@ -186,6 +186,7 @@ def test_a_damaged_schedule_index_means_no_seeds(data_dir, caplog):
 
 
 @pytest.mark.usefixtures("local_ray")
+@pytest.mark.slow
 def test_a_seeded_search_is_not_worse_than_a_cold_one(data_dir, tmp_path):
     """Tuned cold, the task's log becomes the shipped database; tuned again with the same budget, the
     database's best states are measured first, so the seeded search ends at least as fast (timing noise
@@ -201,6 +202,7 @@ def test_a_seeded_search_is_not_worse_than_a_cold_one(data_dir, tmp_path):
     assert seeded.best_cost <= cold.best_cost * 1.25, (seeded.best_cost, cold.best_cost)
 
 
+@pytest.mark.slow
 def test_pretrain_command_writes_both_files_and_reports_held_out_ranking(tmp_path):
     out = tmp_path / "data"
     proc = subprocess.run([sys.executable, "-m", "ansor", "pretrain", str(HELD_OUT), "--held-out", str(HELD_OUT),
@@ -242,6 +244,7 @@ def _linear(name: str, epilogue: bool):
     return ansor.SearchTask.from_workload(name, AVX2)
 
 
+@pytest.mark.slow
 def test_refit_takes_the_steps_of_the_same_operator_with_another_epilogue():
     """Programs tuned for ``matmul + bias`` replay on ``matmul + bias, * scale + residual`` (the extra
     stages inlined, the steps moved to the stages they name), compute_at included; TVM replays

@@ -116,6 +116,7 @@ def test_best_records_ignores_errors_and_uses_mean(tmp_path, task, small_task, s
     assert best_records(load_records(path, workload_key="matmul-32")) == {}
 
 
+@pytest.mark.slow
 def test_fresh_process_replays_best_state_without_registry(tmp_path, task, states):
     path = tmp_path / "replay.json"
     write(path, task, states, [ok(1e-3 * (8 - i)) for i in range(8)])
@@ -359,6 +360,7 @@ def test_unchecked_results_round_trip(tmp_path, task, states):
 
 
 # ------------------------------------------------------------------------------------ locking and sync
+@pytest.mark.slow
 def test_second_writer_is_refused_across_processes(tmp_path, task, states):
     path = tmp_path / "locked.json"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
@@ -416,6 +418,7 @@ def test_resume_counts_each_state_once(tmp_path, task, states):
     assert result.best_state.steps == states[1].steps and result.best_cost == pytest.approx(0.525)
 
 
+@pytest.mark.slow
 def test_resume_for_another_target_names_the_targets_the_log_holds(tmp_path, task, states, caplog, local_ray):
     from ansor.cost_model import RandomModel
     from ansor.measure import ProgramMeasurer

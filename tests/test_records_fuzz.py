@@ -271,6 +271,7 @@ def _intact_expectations(identities: dict[bytes, tuple], data: bytes) -> set[tup
     return {v for v in present if isinstance(v, tuple) and v[0] in intact_keys}
 
 
+@pytest.mark.slow
 def test_mutated_logs_load_resume_and_keep_every_intact_record(tmp_path, base_log, identities, tasks, caplog,
                                                                monkeypatch):
     monkeypatch.setattr(records_module, "MAX_LINE_BYTES", LINE_LIMIT)
@@ -351,6 +352,7 @@ def network_log(tmp_path_factory) -> list[bytes]:
     return path.read_bytes().splitlines(keepends=True)
 
 
+@pytest.mark.slow
 def test_evaluate_networks_on_mutated_logs(tmp_path, network_log):
     """The real script on three mutated network logs in one run: a table, no traceback, no crash."""
     rng = random.Random(SEED + 2)

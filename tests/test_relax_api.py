@@ -90,6 +90,7 @@ def test_extract_tasks_of_a_hand_written_module():
     assert [s.name for s in ansor.relax.as_network(ModelA, params_of(ModelA)).inputs] == ["x"]
 
 
+@pytest.mark.slow
 def test_tune_compile_export_and_run_without_ansor(tuned_a, tmp_path):
     db, params, result = tuned_a
     assert result.total_measured == 4 and sum(result.measured) == 4 and min(result.measured) >= 1
@@ -115,6 +116,7 @@ def test_tune_compile_export_and_run_without_ansor(tuned_a, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), untuned(ModelA, params, x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_apply_history_best_pass_in_a_users_pipeline(tuned_a):
     db, params, _ = tuned_a
     target = ansor.target.parse_target(TARGET)
@@ -131,6 +133,7 @@ def test_apply_history_best_pass_in_a_users_pipeline(tuned_a):
     np.testing.assert_allclose(got, untuned(ModelA, params, x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_network_b_after_a_measures_no_shared_task(tuned_a, tmp_path):
     db, _, result_a = tuned_a
     tasks_b = ansor.relax.extract_tasks(ModelB, params_of(ModelB), TARGET)
@@ -155,6 +158,7 @@ def test_network_b_after_a_measures_no_shared_task(tuned_a, tmp_path):
     assert again.total_measured == 0 and len(again.reused) == 2
 
 
+@pytest.mark.slow
 def test_export_network_with_run_time_weights(tmp_path):
     """A build whose weights are arguments (here TVM's own build of tiny-cnn): they go to params.bin."""
     from ansor.networks import build, get_network, run

@@ -201,6 +201,7 @@ def test_random_programs_compute_a_softmax_row_by_row(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["matmul-512", "softmax-4x1024", "nhwc-resnet-50.C2", "conv2d-bn-relu", "TBS"])
+@pytest.mark.slow
 def test_initial_population_replays_and_compiles(name):
     """>= 500 distinct random programs per workload replay onto TensorIR; a sample is checked loop by loop
     against the State and compiled for llvm (a compile costs ~50 ms, a replay ~2 ms)."""

@@ -3,11 +3,16 @@
 import json
 import os
 
+import pytest
+
 from ansor.networks import apply_schedules, build, extract, get_network
 from ansor.relax import export_network
 from ansor.relax.thread_pool import MARGIN, SETTINGS, choose_pool_setting
 from ansor.target import host_target
 from ansor.task.timing import TimingPolicy
+
+# Slow tier: builds a network and times it in fresh processes.
+pytestmark = pytest.mark.slow
 
 
 def test_each_setting_is_timed_in_fresh_processes_and_unbound_threads_stand_unless_beaten(tmp_path):

@@ -110,6 +110,7 @@ def test_tune_network_reports_a_pytorch_row(torch, tmp_path):
     assert re.search(r"^Speedup over PyTorch eager \(mean\): \d+\.\d+x \(2 PyTorch threads\)$", out, re.M), out
 
 
+@pytest.mark.slow
 def test_baseline_torch_without_torch(tmp_path):
     (tmp_path / "dcgan-b1.json").write_text("")
     proc = run_script("evaluate_networks.py", "dcgan-b1.json", "--baseline", "torch", hide_torch=True,

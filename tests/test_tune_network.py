@@ -18,6 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+# Slow tier: the scripts run as a user runs them, in subprocesses that tune, kill and resume.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 TINY_TASKS = 7  # tiny-cnn: conv, Winograd conv (input transform, product, output transform), 2 pools, dense

@@ -14,6 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+# Slow tier: scripts/tune_test.py in subprocesses: real tuning runs, Ray, SIGINT.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "tune_test.py"
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 FRESH = "# fresh process"
@@ -29,6 +31,7 @@ def test_tutorial_has_every_part():
     assert sum(b.startswith(FRESH) for b in blocks()) == 1
 
 
+@pytest.mark.slow
 def test_tutorial_runs_end_to_end(tmp_path):
     main = [b for b in blocks() if not b.startswith(FRESH)]
     fresh = [b for b in blocks() if b.startswith(FRESH)]

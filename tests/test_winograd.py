@@ -38,6 +38,7 @@ def _conv_network(shape=(1, 7, 9, 16), channels=24, padding=(1, 1, 1, 1)) -> Net
 
 
 @pytest.mark.parametrize("shape,padding", [((1, 7, 9, 16), (1, 1, 1, 1)), ((2, 6, 5, 16), (0, 1, 2, 0))])
+@pytest.mark.slow
 def test_winograd_network_computes_the_same_outputs(shape, padding):
     """Odd and even sizes, asymmetric padding, a batch of 2: the stride-1 convolution becomes the three
     Winograd tasks (epilogue fused into the output transform), the stride-2 one stays, outputs are equal."""

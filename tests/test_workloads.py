@@ -101,6 +101,7 @@ NUMERIC = [
 
 
 @pytest.mark.parametrize("name", NUMERIC)
+@pytest.mark.slow
 def test_registered_workload_matches_reference(name):
     _check_numerics(get_workload(name))
 
