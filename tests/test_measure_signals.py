@@ -74,14 +74,16 @@ def test_ctrl_c_mid_batch_exits_promptly_and_cleanly(tmp_path):
 
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
-        code = proc.wait(timeout=30)
+        code = proc.wait(timeout=60)
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
             proc.kill()
     output = proc.stdout.read()
     assert code == 130, output
-    assert took < 10, f"took {took:.1f} s to exit after SIGINT"
+    # About 2.5 s on a quiet 2-core host; the bound leaves room for a loaded one. A batch run to its end
+    # instead is caught by the record count below, a hang by the wait above.
+    assert took < 20, f"took {took:.1f} s to exit after SIGINT"
 
     time.sleep(1)  # the raylet's workers may take a moment to notice their raylet is gone
     left = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -130,4 +132,6 @@ def test_cpu_holds_end_promptly_when_the_tuner_ignores_sigint(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert float(proc.stdout.split()[-1]) < RELEASE_TIMEOUT / 2, proc.stdout
+    # About 0.1 s a hold on a quiet host. A hold that misses its cancel waits out RELEASE_TIMEOUT before it is
+    # killed, so the bound tells the two apart with room for a loaded host.
+    assert float(proc.stdout.split()[-1]) < RELEASE_TIMEOUT, proc.stdout
