@@ -74,6 +74,7 @@ def test_the_builder_refuses_a_cuda_program_without_a_kernel(cuda_tasks):
     assert result.error_no == ErrorNo.COMPILE_DEVICE and "no kernel" in result.error_msg and result.lib is None
 
 
+@pytest.mark.slow
 def test_network_tuning_sends_only_verified_gpu_programs(cuda_tasks):
     tasks = [t.task for t in cuda_tasks]
     measurer = BuildOnlyMeasurer()

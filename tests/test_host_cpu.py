@@ -98,6 +98,7 @@ def test_tuning_for_units_this_cpu_lacks_is_one_error_line():
     assert any(flag in errors[0] for flag in host_cpu().missing(parse_target(f"llvm -mcpu={mcpu}")))
 
 
+@pytest.mark.slow
 def test_commands_name_the_host_matrix_units_first():
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run([sys.executable, "-m", "ansor", "tune-op", "--wkl", "matmul-64", "--n-trials", "1",
