@@ -9,7 +9,7 @@ from ansor.task.search_task import SearchTask
 from ansor.state.transform_steps import (
     STEP_TYPES, AnnotationStep, CacheReadStep, CacheWriteStep, ComputeAtStep, ComputeInlineStep,
     ComputeRootStep, FollowFusedSplitStep, FollowSplitStep, FuseStep, LayoutRewriteStep, PragmaStep, ReorderStep,
-    RfactorStep, SplitStep, Step, StorageAlignStep, step_from_json, step_to_json,
+    RfactorStep, SplitStep, Step, StorageAlignStep, TensorizeStep, step_from_json, step_to_json,
 )
 
 ONE_OF_EACH = [
@@ -28,12 +28,13 @@ ONE_OF_EACH = [
     CacheWriteStep(0, "local"),
     RfactorStep(0, 2, 1),
     LayoutRewriteStep(0, "B"),
+    TensorizeStep(2, 7, "ansor_avx512bf16_dot_16x2"),
 ]
 
 
 def test_every_tag_has_a_step():
     assert sorted(STEP_TYPES) == sorted(
-        ["SP", "FSP", "FFSP", "RE", "FU", "AN", "PR", "SA", "CA", "CI", "CR", "CHR", "CHW", "RF", "LR"])
+        ["SP", "FSP", "FFSP", "RE", "FU", "AN", "PR", "SA", "CA", "CI", "CR", "CHR", "CHW", "RF", "LR", "TZ"])
     assert {type(s).TAG for s in ONE_OF_EACH} == set(STEP_TYPES)
 
 
@@ -66,7 +67,7 @@ def test_split_json_shape_matches_ansor():
     assert step_to_json(SplitStep(0, 1, 512, (4, None, 8), True)) == ["SP", 0, 1, 512, [4, None, 8], 1]
 
 
-@pytest.mark.parametrize("bad", [["XX", 1], [], "SP", ["SP", 0, 1], ["CA", "a", 0, 1]])
+@pytest.mark.parametrize("bad", [["XX", 1], [], "SP", ["SP", 0, 1], ["CA", "a", 0, 1], ["TZ", 0, 1, "no_such_intrin"]])
 def test_malformed_json_raises_step_error(bad):
     with pytest.raises(StepError):
         step_from_json(bad)

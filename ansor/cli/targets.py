@@ -60,6 +60,21 @@ def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = N
     return target
 
 
+def require_bf16(target) -> None:
+    """``--precision bf16`` needs a target with the bf16 dot product: one error line naming what is missing
+    and what this CPU has, where it is missing."""
+    import tvm
+
+    from ..errors import TargetError
+    from ..host_cpu import FLAG_FEATURES, host_cpu
+    if not tvm.target.codegen.target_has_features("avx512bf16", target):
+        cpu = host_cpu()
+        present = [flag for flag in FLAG_FEATURES if flag in cpu.flags]
+        raise TargetError(f"--precision bf16 needs the CPU's bf16 dot product (cpuinfo flag avx512_bf16: AMD "
+                          f"Zen 4/5, Intel Xeon 4th gen on), which target {target_label(target)} lacks; this CPU "
+                          f"({cpu.model or 'unknown'}) has {', '.join(present) or 'none of the vector units'}")
+
+
 def announce_target(target) -> None:
     """A tuning command's first line, once its input is checked: the target and, for a CPU target, the
     matrix units this host has (so a user sees whether bf16 or AMX would be there to use)."""

@@ -41,6 +41,7 @@ from .mutation import (
     Mutator, mutate_compute_location, mutate_layout_rewrite, mutate_parallel, mutate_tile_size, mutate_unroll,
 )
 from .rules import CPU_RULES, SketchRule, derive_sketches
+from .tensor_rules import BF16DotProduct
 
 Sampler = Callable[[SearchTask, State, random.Random], Optional[State]]
 
@@ -79,7 +80,7 @@ def no_limits(task: SearchTask, state: State) -> bool:
 
 CPU = SearchSpace(
     name=CPU_DEVICE.name,
-    rules=CPU_RULES,
+    rules=(BF16DotProduct(), *CPU_RULES),  # the bf16 rule passes on every stage of an fp32 program
     sample=sample_cpu_program,
     mutators=(
         Mutator("tile_size", mutate_tile_size, ("p_tile_size",)),

@@ -260,10 +260,11 @@ def _walk(expr, reads: list[Access], calls: list[str], periods: dict[str, int], 
     if isinstance(expr, _FLOP_BINOPS):
         return int(is_float) + _walk(expr.a, reads, calls, periods, var_names, note_buffer) + \
             _walk(expr.b, reads, calls, periods, var_names, note_buffer)
-    if isinstance(expr, (E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE, E.And, E.Or)):
+    if isinstance(expr, (E.EQ, E.NE, E.LT, E.LE, E.GT, E.GE, E.And, E.Or, E.LShift, E.RShift, E.BitwiseAnd,
+                         E.BitwiseOr, E.BitwiseXor)):  # bit operations: a rounding to bf16 (tensor_intrin)
         return _walk(expr.a, reads, calls, periods, var_names, note_buffer) + \
             _walk(expr.b, reads, calls, periods, var_names, note_buffer)
-    if isinstance(expr, (E.Cast, E.Not)):
+    if isinstance(expr, (E.Cast, E.Not, E.BitwiseNot)):
         inner = expr.value if isinstance(expr, E.Cast) else expr.a
         return _walk(inner, reads, calls, periods, var_names, note_buffer)
     if isinstance(expr, E.Let):  # a value computed once and used by name (ansor.networks.fast_math)

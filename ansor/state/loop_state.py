@@ -18,7 +18,7 @@ from .loop_nest import AttachKind, Iterator, Stage, fused_kind
 from .transform_steps import (
     AnnotationStep, CacheReadStep, CacheWriteStep, CodeNames, ComputeAtStep, ComputeInlineStep, ComputeRootStep,
     FollowFusedSplitStep, FollowSplitStep, FuseStep, LayoutRewriteStep, PragmaStep, ReorderStep, RfactorStep,
-    SplitStep, Step, StorageAlignStep,
+    SplitStep, Step, StorageAlignStep, TensorizeStep,
 )
 
 if TYPE_CHECKING:
@@ -110,6 +110,9 @@ class State:
 
     def layout_rewrite(self, stage_id: int, buffer: str) -> None:
         self.apply(LayoutRewriteStep(stage_id, buffer))
+
+    def tensorize(self, stage_id: int, iter_id: int, intrin: str) -> None:
+        self.apply(TensorizeStep(stage_id, iter_id, intrin))
 
     def cache_read(self, stage_id: int, buffer: str, scope: str,
                    reader_stage_ids: Optional[Sequence[int]] = None) -> int:

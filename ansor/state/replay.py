@@ -17,6 +17,7 @@ from ..errors import StepError, short_message
 from .layout_rewrite import PREPROC_ANNOTATION, packed_layout
 from .loop_nest import AttachKind
 from .loop_state import State
+from .tensor_intrin import TENSORIZE, register
 from .transform_steps import P, Replay, Step, step_to_json
 
 if TYPE_CHECKING:
@@ -54,7 +55,22 @@ def replay(dag: "ComputeDAG", steps: Sequence[Step], verify: bool = False) -> tv
         raise
     except Exception as err:  # TVM refuses a layout it cannot prove bijective, and the like
         raise StepError(f"TVM rejected a layout rewrite: {short_message(err)}") from None
+    _tensorize(rp)
     return sch
+
+
+def _tensorize(rp: Replay) -> None:
+    """Apply the ``TZ`` steps: each marked loop and the loops inside it become one intrinsic call."""
+    for sid, stage in enumerate(rp.state.stages):
+        for k, it in enumerate(stage.iters):
+            if it.annotation.startswith(TENSORIZE):
+                register()
+                intrin = it.annotation[len(TENSORIZE):]
+                try:
+                    P.tensorize(rp.sch, rp.loops(sid)[k], intrin)
+                except Exception as err:  # TensorIR's matcher names the first mismatch
+                    raise StepError(f"TVM could not tensorize {stage.name} with {intrin}: "
+                                    f"{short_message(err)}") from None
 
 
 def _rewrite_layouts(rp: Replay) -> None:

@@ -31,6 +31,7 @@ from tvm.script import tirx as T
 from tvm.s_tir import TensorIntrin
 
 from ..codegen import VDPBF16PS_PLACEHOLDER
+from .access import IterKind
 
 
 
@@ -57,6 +58,33 @@ class BF16Intrin(enum.Enum):
 
     AVX512_DOT_16x2 = "ansor_avx512bf16_dot_16x2"
     AMX_TILE_16x16x32 = "ansor_amx_bf16_tile_16x16x32"
+    #: ``dot_16x2``'s description as its own implementation: the same layouts and loop structure in plain
+    #: fp32 code, for a CPU without the unit (tests, and the search's structure on any machine).
+    PORTABLE_DOT_16x2 = "ansor_portable_bf16_dot_16x2"
+
+    @property
+    def loops(self) -> tuple[tuple[int, IterKind], ...]:
+        """The innermost loops the intrinsic replaces, outermost first: (extent, kind)."""
+        return _LOOPS[self]
+
+
+_LOOPS = {
+    BF16Intrin.AVX512_DOT_16x2: ((16, IterKind.SPATIAL), (2, IterKind.REDUCE)),
+    BF16Intrin.PORTABLE_DOT_16x2: ((16, IterKind.SPATIAL), (2, IterKind.REDUCE)),
+    BF16Intrin.AMX_TILE_16x16x32: ((16, IterKind.SPATIAL), (16, IterKind.SPATIAL), (32, IterKind.REDUCE)),
+}
+#: An iterator annotated ``tensorize:<name>`` heads the loops intrinsic ``name`` replaces (a ``TZ`` step).
+TENSORIZE = "tensorize:"
+
+
+def bf16_bits(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    """fp32 ``x`` rounded to bf16 (to nearest even), as ``uint16`` bits; finite inputs (a NaN may become
+    an infinity), as every input a tuning run draws is."""
+    u = tvm.tirx.reinterpret("uint32", x)
+    one = tvm.tirx.const(1, "uint32")
+    half = tvm.tirx.const(0x7FFF, "uint32")
+    sixteen = tvm.tirx.const(16, "uint32")
+    return ((u + half + ((u >> sixteen) & one)) >> sixteen).astype("uint16")
 
 
 # ------------------------------------------------------------------------------------------ AVX512_BF16
@@ -141,3 +169,4 @@ def register() -> None:
     """Register the intrinsics with TensorIR (once per process; ``sch.tensorize`` looks them up by name)."""
     TensorIntrin.register(BF16Intrin.AVX512_DOT_16x2.value, _dot_16x2_desc, _dot_16x2_impl, override=True)
     TensorIntrin.register(BF16Intrin.AMX_TILE_16x16x32.value, _tile_desc, _tile_impl, override=True)
+    TensorIntrin.register(BF16Intrin.PORTABLE_DOT_16x2.value, _dot_16x2_desc, _dot_16x2_desc, override=True)

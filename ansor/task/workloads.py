@@ -7,6 +7,8 @@ checked for correctness against something that shares no code with TVM.
 Names understood by :func:`get_workload`:
 
 * ``matmul-N`` / ``matmul-MxNxK`` and ``matmul-relu-N`` / ``matmul-relu-MxNxK`` (any positive sizes);
+* ``bf16-matmul-N`` / ``bf16-matmul-MxNxK``: the same product in bf16 (N a multiple of 16, K even), whose
+  sketch computes it with the CPU's bf16 dot product (``ansor tune-op --precision bf16``);
 * ``softmax-MxN`` (``softmax`` is ``softmax-4x1024``), ``max-pool2d``, ``conv2d-bias-relu``,
   ``conv2d-nhwc-small``: small operators for sketch-generation tests;
 * ``nhwc-resnet-50.C0`` ... ``nhwc-resnet-50.C22``: the 23 distinct conv2d layers of ResNet-50 v1.5
@@ -52,6 +54,7 @@ from tvm import te
 
 from ansor.errors import WorkloadError
 
+from ..state.tensor_intrin import bf16_bits, bf16_bits_to_f32, bf16_to_f32, round_to_bf16
 from .te_ops import channel_op, conv_stage, out_size, pad_stage, relu_stage, softmax_stages
 
 logger = logging.getLogger("ansor")
@@ -138,6 +141,28 @@ def _matmul_workload(name: str, m: int, n: int, k: int, relu: bool = False) -> W
     tail = ", then relu" if relu else ""
     size = f"M=N=K={m}" if m == n == k else f"M={m} N={n} K={k}"
     return Workload(name, make, reference, f"matmul {size}{tail} float32")
+
+
+def _bf16_matmul_workload(name: str, m: int, n: int, k: int) -> Workload:
+    """``matmul-MxNxK`` in bf16 as OpenVINO means it: both inputs rounded to bf16 (``A16``, and ``Bp``
+    packed in the k pairs of 16 columns the CPU's bf16 dot product reads), products and sums in fp32."""
+    def make():
+        A = te.placeholder((m, k), DTYPE, name="A")
+        B = te.placeholder((k, n), DTYPE, name="B")
+        A16 = te.compute((m, k), lambda i, r: bf16_bits(A[i, r]), name="A16")
+        Bp = te.compute((n // 16, k // 2, 16, 2), lambda jo, ro, ji, ri: bf16_bits(B[ro * 2 + ri, jo * 16 + ji]),
+                        name="Bp")
+        r = te.reduce_axis((0, k), name="k")
+        C = te.compute((m, n), lambda i, j: te.sum(
+            bf16_to_f32(A16[i, r]) * bf16_to_f32(Bp[j // 16, r // 2, j % 16, r % 2]), axis=r), name="C")
+        return [A, B, C]
+
+    def reference(ins):
+        a, b = (bf16_bits_to_f32(round_to_bf16(x)).astype(np.float64) for x in ins[:2])
+        return [(a @ b).astype(np.float32)]
+
+    size = f"M=N=K={m}" if m == n == k else f"M={m} N={n} K={k}"
+    return Workload(name, make, reference, f"matmul {size} in bf16 (inputs rounded, fp32 sums)")
 
 
 def _batch_matmul_workload(name: str, batch: int, m: int, n: int, k: int) -> Workload:
@@ -424,8 +449,9 @@ def _resnet50_conv_layers() -> list[tuple[int, int, int, int, int, int, int]]:
 
 # The registry
 
-_PATTERNS = ("matmul-N", "matmul-MxNxK", "matmul-relu-N", "matmul-relu-MxNxK", "softmax-MxN")
-_MATMUL_RE = re.compile(r"matmul-(relu-)?([1-9]\d*)(?:x([1-9]\d*)x([1-9]\d*))?")
+_PATTERNS = ("matmul-N", "matmul-MxNxK", "matmul-relu-N", "matmul-relu-MxNxK", "bf16-matmul-N", "bf16-matmul-MxNxK",
+             "softmax-MxN")
+_MATMUL_RE = re.compile(r"(bf16-)?matmul-(relu-)?([1-9]\d*)(?:x([1-9]\d*)x([1-9]\d*))?")
 _SOFTMAX_RE = re.compile(r"softmax-([1-9]\d*)x([1-9]\d*)")
 _ALIASES = {"ConvLayer": "conv2d-bn-relu", "softmax": "softmax-4x1024"}
 _BATCHES = (1, 16)
@@ -477,13 +503,18 @@ _MAX_ELEMENTS = 2 ** 31 - 1
 def _from_pattern(name: str) -> Workload | None:
     match = _MATMUL_RE.fullmatch(name)
     if match:
-        relu, m, n, k = match.groups()
+        bf16, relu, m, n, k = match.groups()
         m = int(m)
         n, k = (int(n), int(k)) if n else (m, m)
         _check_elements(name, m * k, k * n, m * n)
-        prefix = "matmul-relu-" if relu else "matmul-"
+        prefix = ("bf16-" if bf16 else "") + ("matmul-relu-" if relu else "matmul-")
         canonical = prefix + (f"{m}" if m == n == k else f"{m}x{n}x{k}")
-        return _matmul_workload(canonical, m, n, k, relu=bool(relu))
+        if not bf16:
+            return _matmul_workload(canonical, m, n, k, relu=bool(relu))
+        if relu or n % 16 or k % 2:
+            raise WorkloadError(f"workload {name!r}: a bf16 matmul has no relu, N a multiple of 16 and K even "
+                                "(the bf16 unit's k pairs of 16 columns); example: bf16-matmul-512")
+        return _bf16_matmul_workload(canonical, m, n, k)
     match = _SOFTMAX_RE.fullmatch(name)
     if match:
         m, n = int(match.group(1)), int(match.group(2))

@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database", default=None, metavar="DIR", type=OutputDir("a directory of logs", "tuning-db"),
                         help="a directory of logs: the task's records there (any log, same target) are its "
                              "history and count towards --n-trials; the log defaults to DIR/<workload>.json")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="fp32 (default), or bf16: the product's inputs rounded to bf16, products and sums "
+                             "in fp32, computed by the CPU's bf16 dot product (AVX512_BF16); matmul workloads")
     parser.add_argument("--seed", type=SEED, default=0, help="search seed (default 0)")
     add_ray_address_arg(parser)
     parser.add_argument("--cost-model", choices=("xgb", "random"), default="xgb",
@@ -75,9 +78,14 @@ def run(args: argparse.Namespace, log) -> int:
     # TVM sizes its thread pool once, from TVM_NUM_THREADS: set it before any kernel runs in this process.
     target = parse_target_and_threads(args.target, args.ray_address, runs_here=True)
 
+    from ...task.precision import Precision, workload_in
     from ...task.search_task import SearchTask
     from ...tuning import default_log_path, tune_task
-    task = SearchTask.from_workload(args.wkl, target)
+    precision = Precision(args.precision)
+    if precision is Precision.BF16:
+        from ..targets import require_bf16
+        require_bf16(target)
+    task = SearchTask.from_workload(workload_in(args.wkl, precision), target)
     database = open_database(args.database)
     log_file = Path(args.log_file) if args.log_file else default_log_path(task.workload_key, database)
     check_log_file(log_file, resume=args.resume)

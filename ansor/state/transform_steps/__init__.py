@@ -1,4 +1,4 @@
-"""The transform steps: Ansor's 14 and our layout rewrite, each one class that says all it means.
+"""The transform steps: Ansor's 14, our layout rewrite and tensorize, each one class that says all it means.
 
 A step says *what* to do to one stage of a loop state. It is frozen data, and a record in a log is just the
 step list in JSON. Each step class also carries everything that reads it:
@@ -14,7 +14,8 @@ fields + ``check``       the JSON codec below (:func:`step_to_json`, :func:`step
 Stage ids are positions in the state's stage list at the moment the step is applied; iterator ids are
 positions in that stage's loop list (outermost first). Steps that add stages (CHR, CHW, RF) shift later
 stage ids, exactly as in Ansor. How each step departs from Ansor (TVM 0.27 has only TensorIR) is said in
-the module of its kind: :mod:`.split`, :mod:`.loops`, :mod:`.placement`, :mod:`.stages`, :mod:`.layout`.
+the module of its kind: :mod:`.split`, :mod:`.loops`, :mod:`.placement`, :mod:`.stages`, :mod:`.layout`,
+:mod:`.tensorize`.
 
 How to add a step
 -----------------
@@ -30,7 +31,7 @@ How to add a step
 5. ``check`` if a field takes only some values (the JSON reader calls it: logs are untrusted).
 6. Add the class to :data:`STEP_TYPES` below, and a ``State`` method named like Ansor's if the search
    builds it.
-7. ``docs/log_format.md``: the tag list and the number of tags (15 now). ``tests/test_transform_steps.py`` fails
+7. ``docs/log_format.md``: the tag list and the number of tags (16 now). ``tests/test_transform_steps.py`` fails
    until the step has an example there and every method above.
 """
 
@@ -46,12 +47,14 @@ from .loops import ANNOTATIONS, PRAGMAS, AnnotationStep, FuseStep, PragmaStep, R
 from .placement import ComputeAtStep, ComputeInlineStep, ComputeRootStep, consumers_beside
 from .split import FollowFusedSplitStep, FollowSplitStep, SplitLike, SplitStep
 from .stages import CacheReadStep, CacheWriteStep, RfactorStep
+from .tensorize import INTRINSICS, TensorizeStep
 
 __all__ = [
     "ANNOTATIONS", "PRAGMAS", "STEP_TYPES", "AnnotationStep", "CacheReadStep", "CacheWriteStep", "CodeNames",
     "ComputeAtStep", "ComputeInlineStep", "ComputeRootStep", "FollowFusedSplitStep", "FollowSplitStep", "FuseStep",
     "LayoutRewriteStep", "P", "PragmaStep", "ReorderStep", "Replay", "RfactorStep", "SplitLike", "SplitStep", "Step",
-    "StorageAlignStep", "consumers_beside", "ident", "step_from_json", "step_to_json", "steps_to_json",
+    "StorageAlignStep", "TensorizeStep", "INTRINSICS", "consumers_beside", "ident", "step_from_json",
+    "step_to_json", "steps_to_json",
 ]
 
 #: Every step class by its tag: what the JSON reader accepts.
@@ -60,7 +63,7 @@ STEP_TYPES: dict[str, type[Step]] = {
     for cls in (
         SplitStep, FollowSplitStep, FollowFusedSplitStep, ReorderStep, FuseStep, AnnotationStep, PragmaStep,
         StorageAlignStep, ComputeAtStep, ComputeInlineStep, ComputeRootStep, CacheReadStep, CacheWriteStep,
-        RfactorStep, LayoutRewriteStep,
+        RfactorStep, LayoutRewriteStep, TensorizeStep,
     )
 }
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 from ..access import Access, Affine, IterKind, LoopPart, region_extents, var_ranges
 from ...errors import StepError
 from ..loop_nest import AttachKind, Iterator
+from ..tensor_intrin import TENSORIZE
 from .base import P, CodeNames, Replay, Step
 from .stages import CacheReadStep
 
@@ -167,6 +168,9 @@ class ComputeInlineStep(Step):
         for i, other in enumerate(state.stages):
             if i == self.stage_id or out.buffer not in other.block.read_buffers():
                 continue
+            if any(it.annotation.startswith(TENSORIZE) for it in other.iters):
+                raise StepError(f"stage {self.stage_id} ({stage.name}) feeds the tensorized stage {other.name}, "
+                                "whose intrinsic reads it from memory: it cannot be inlined")
             reads: list[Access] = [a for a in other.block.reads if a.buffer != out.buffer]
             periods = dict(other.block.branch_periods)
             for use in other.block.reads_of(out.buffer):
