@@ -191,7 +191,7 @@ PATH_TO_A_RECORD = [
     "ansor/cli/main.py",
     "ansor/cli/commands/tune_op.py",
     "ansor/cli/running.py",
-    "ansor/tuning.py",
+    "ansor/tuning/loop.py",
     "ansor/measure/measurer.py",
     "ansor/measure/runner_pool.py",
     "ansor/log/records.py",

@@ -1,14 +1,10 @@
-"""Tuning, in the auto_scheduler vocabulary: options, the tuning loop, and the one-call path for one task.
+"""The tuning loop: rounds of proposing programs, measuring them and retraining the cost model.
 
 Each round: the policy proposes programs, the measurer builds and times them (its callbacks append every
 result to the log the moment it arrives), and the cost model retrains. A task's history (its own log when
 resuming, a :class:`~ansor.log.database.Database`'s logs) is fed to the policy and the model first and counts
-towards the trial budget, so nothing measured is measured again.
-
-:func:`run_rounds` is the one tuning loop: :func:`auto_schedule` runs it for one task, the task scheduler
-(:mod:`ansor.task_scheduler`) for a network's tasks; :func:`measuring_into` is the one way both write their
-log. :class:`TuningOptions` is how every script and the Python API measure: the defaults below *are* the
-scripts' settings, and the timing ones are :class:`~ansor.measure.runner.RunConfig`'s.
+towards the trial budget, so nothing measured is measured again. :func:`run_rounds` is the one loop:
+:func:`auto_schedule` runs it for one task, the task scheduler (:mod:`ansor.task_scheduler`) for a network's.
 """
 
 from __future__ import annotations
@@ -16,161 +12,25 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union
 
-from .errors import AnsorError, StepError
-from .state.loop_state import State
-from .log.measurement import MeasureCallback, MeasureInput, MeasureResult, program_results
-from .log.seeds import seed_states
-from .log.records import (
-    Record, RecordWriter, best_records, distinct_records, load_records, other_targets_message,
-)
-from .task.search_task import SearchTask, TargetLike
-from .measure.runner import RunConfig
-from .sketch.policy import SearchParams, SketchPolicy
+from ..errors import StepError
+from ..log.measurement import MeasureInput, MeasureResult, program_results
+from ..log.records import Record, best_records, distinct_records
+from ..log.seeds import seed_states
+from ..sketch.policy import SketchPolicy
+from ..state.loop_state import State
+from ..task.search_task import SearchTask
+from .logs import default_log_path, log_history, log_path, measuring_into
+from .options import Measurer, TuningOptions, make_cost_model, make_measurer
 
 if TYPE_CHECKING:
-    import tvm
-
-    from .cost_model.cost_model import CostModel
-    from .log.database import Database
+    from ..cost_model.cost_model import CostModel
+    from ..log.database import Database
 
 logger = logging.getLogger("ansor")
-
-
-class Measurer(Protocol):
-    """What the tuning loop measures with (:class:`~ansor.measure.measurer.ProgramMeasurer`, or the caller's)."""
-
-    def measure(self, inputs: Sequence[MeasureInput]) -> list[MeasureResult]: ...
-
-
-@dataclass(frozen=True)
-class RunnerOptions:
-    """How each built candidate is checked and timed (arguments of the Ray runner).
-
-    The timing fields and their defaults are :class:`~ansor.measure.runner.RunConfig`'s, which says why
-    (3 repeats of ~15 ms, each run after a cache flush on a CPU, far-slower candidates timed by one run).
-    ``timeout``: seconds per run before its runner is killed (``None``: the measurer's
-    ``DEFAULT_RUN_TIMEOUT``); ``None`` for ``slow_factor`` also keeps the measurer's default.
-    """
-
-    number: int = RunConfig.number
-    repeat: int = RunConfig.repeat
-    min_repeat_ms: int = RunConfig.min_repeat_ms
-    timeout: Optional[float] = None
-    enable_cpu_cache_flush: bool = RunConfig.enable_cpu_cache_flush
-    slow_factor: Optional[float] = RunConfig.slow_factor
-    check_correctness: bool = True
-
-
-@dataclass(frozen=True)
-class BuilderOptions:
-    """How candidates are compiled: each build is a Ray task killed after ``timeout`` s (``None``: the
-    builder's ``DEFAULT_BUILD_TIMEOUT``), under a memory cap of ``memory_gib`` GiB (``None``: 3/4 of the
-    node's memory over its CPUs, >= 2 GiB)."""
-
-    timeout: Optional[float] = None
-    memory_gib: Optional[float] = None
-
-
-@dataclass
-class TuningOptions:
-    """How much to measure and how.
-
-    Attributes
-    ----------
-    num_measure_trials
-        Total measurements of the task, its history (resumed log, database) included.
-    num_measures_per_round
-        Candidates measured per round; the cost model retrains after each.
-    early_stopping
-        Stop after this many trials without improvement (``None``: never).
-    seed
-        Seed of the search (and of a fresh cost model).
-    search
-        Knobs of the sketch policy.
-    measure_callbacks
-        Extra callbacks seeing every result as it arrives (the log writer is always the first).
-    builder, runner
-        Build timeout; timing, checking and run timeout.
-    ray_address
-        Ray cluster to join (``None``: ``$RAY_ADDRESS``, else an embedded loopback-only local Ray).
-    cost_model
-        ``"xgb"`` (default), ``"random"``, or a model object (e.g. ``ansor.cost_model.load_model(path)``).
-    pretrained
-        Start from what the package ships for the target's kind (docs/pretrained.md): ``"xgb"`` starts from
-        the pretrained cost model, and each task first measures the shipped schedule database's records of
-        its workload or of the same operator at other sizes. ``False``: start cold.
-    """
-
-    num_measure_trials: int = 64
-    num_measures_per_round: int = 16
-    early_stopping: Optional[int] = None
-    seed: int = 0
-    search: SearchParams = field(default_factory=SearchParams)
-    measure_callbacks: Sequence[MeasureCallback] = ()
-    builder: BuilderOptions = field(default_factory=BuilderOptions)
-    runner: RunnerOptions = field(default_factory=RunnerOptions)
-    ray_address: Optional[str] = None
-    cost_model: Any = "xgb"
-    pretrained: bool = True
-
-    def __post_init__(self) -> None:
-        if self.num_measure_trials <= 0:
-            raise AnsorError(f"num_measure_trials must be positive, got {self.num_measure_trials}")
-        if self.num_measures_per_round <= 0:
-            raise AnsorError(f"num_measures_per_round must be positive, got {self.num_measures_per_round}")
-        if self.early_stopping is not None and self.early_stopping <= 0:
-            raise AnsorError(f"early_stopping must be positive or None, got {self.early_stopping}")
-        if isinstance(self.cost_model, str) and self.cost_model not in ("xgb", "random"):
-            raise AnsorError(f"unknown cost model {self.cost_model!r}; valid: 'xgb', 'random', or a model object")
-
-
-def make_cost_model(options: TuningOptions, target: Optional["tvm.target.Target"] = None):
-    """The cost model ``options`` names for ``target``: a fresh seeded XGBoost model (started from the
-    shipped pretrained booster when ``options.pretrained`` and one is shipped) or random model, or the
-    object given."""
-    if not isinstance(options.cost_model, str):
-        return options.cost_model
-    from .cost_model import RandomModel, XGBModel
-    if options.cost_model == "random":
-        return RandomModel(seed=options.seed)
-    if options.pretrained and target is not None:
-        from .cost_model.pretrained import pretrained_model
-        model = pretrained_model(target, options.seed)
-        if model is not None:
-            return model
-    return XGBModel(seed=options.seed)
-
-
-def make_measurer(options: TuningOptions, callbacks: Sequence[MeasureCallback] = ()):
-    """A :class:`~ansor.measure.measurer.ProgramMeasurer` on Ray with ``options``' builder and runner.
-
-    ``callbacks`` come first, then ``options.measure_callbacks``. Use it as a context manager.
-    """
-    from .measure.measurer import ProgramMeasurer
-    run, build = options.runner, options.builder
-    optional = {"build_timeout": build.timeout, "build_memory_gib": build.memory_gib, "run_timeout": run.timeout,
-                "slow_factor": run.slow_factor}
-    return ProgramMeasurer(options.ray_address, callbacks=[*callbacks, *options.measure_callbacks],
-                           number=run.number, repeat=run.repeat, min_repeat_ms=run.min_repeat_ms,
-                           enable_cpu_cache_flush=run.enable_cpu_cache_flush,
-                           check_correctness=run.check_correctness,
-                           **{k: v for k, v in optional.items() if v is not None})
-
-
-def ray_session(address: Optional[str] = None):
-    """Start (or join) Ray once for several tuning calls; returns the session (``close()`` it when done).
-
-    Each tuning call otherwise starts an embedded Ray and stops it at its end (seconds each); calls made
-    while a session is open reuse it. The embedded instance listens on 127.0.0.1 only; ``address`` (or
-    ``$RAY_ADDRESS``) joins a cluster instead. The session is closed at interpreter exit in any case.
-    """
-    from .measure.ray_session import RaySession
-    return RaySession.open(address)
 
 
 @dataclass
@@ -440,7 +300,7 @@ def tune_task(task: SearchTask, options: Optional[TuningOptions] = None,
     measurer
         A measurer to use instead of a new one (it must already write to the log: the caller owns it).
     """
-    from .log.database import as_database
+    from ..log.database import as_database
     options = options or TuningOptions()
     db = as_database(database)
     path = log_path(log_file if log_file is not None else default_log_path(task.workload_key, db))
@@ -457,93 +317,3 @@ def tune_task(task: SearchTask, options: Optional[TuningOptions] = None,
                                    history=history)
     result.log_file = path
     return result
-
-
-@contextmanager
-def measuring_into(path: Path, options: TuningOptions, on_round: Optional[Callable[[Any], None]] = None,
-                   callbacks: Sequence[MeasureCallback] = ()) -> Iterator[tuple[Measurer, Callable[[Any], None]]]:
-    """A measurer (:func:`make_measurer`, then ``callbacks``) whose first callback appends each result to the
-    log at ``path`` the moment it is known, and ``on_round`` preceded by an fsync of the log.
-
-    The one way a tuning workflow writes its log: after Ctrl-C or a crash every finished measurement is on
-    disk and a rerun resumes it, and each round's measurements survive a power loss too.
-    """
-    with RecordWriter(path) as writer, make_measurer(options, [writer.write, *callbacks]) as measurer:
-
-        def round_done(report: Any) -> None:
-            writer.sync()
-            if on_round is not None:
-                on_round(report)
-
-        yield measurer, round_done
-
-
-def log_path(path: Union[str, os.PathLike], example: str = "logs/mm.json") -> Path:
-    """``path`` as the log a tuning run appends to; a directory is refused with a one-line error."""
-    path = Path(path)
-    if path.is_dir():
-        raise AnsorError(f"log {path} is a directory; give a file path (example: {example})")
-    return path
-
-
-def log_history(path: Union[str, os.PathLike], tasks: Sequence[SearchTask]) -> list[Record]:
-    """The records of ``tasks`` (for their target) in the log at ``path``; when there are none, say which
-    targets the log holds (a resume that silently re-measures everything is the worst outcome)."""
-    keys = {t.workload_key for t in tasks}
-    one = next(iter(keys)) if len(keys) == 1 else None  # the loader then skips every other task's lines
-    records = [r for r in load_records(path, workload_key=one, target=tasks[0].target) if r.workload_key in keys]
-    if not records:
-        note = other_targets_message(path, tasks[0].target, keys)
-        if note:
-            logger.warning("resuming nothing: %s", note)
-    return records
-
-
-def with_trials(options: Optional[TuningOptions], trials: Optional[int]) -> TuningOptions:
-    """``options`` (default :class:`TuningOptions`) with a budget of ``trials`` when given."""
-    options = options or TuningOptions()
-    return replace(options, num_measure_trials=trials) if trials is not None else options
-
-
-def default_log_path(name: str, database: Optional["Database"] = None) -> Path:
-    """``<database>/<name>.json`` with a database, else ``logs/<name>.json`` (the scripts' convention)."""
-    return database.log_path(name) if database is not None else Path("logs") / f"{name}.json"
-
-
-def as_task(func: Any, target: TargetLike = None, workload_key: Optional[str] = None) -> SearchTask:
-    """A :class:`SearchTask` from a PrimFunc, a list of TE tensors, a one-PrimFunc IRModule, or a task."""
-    import tvm
-    if isinstance(func, SearchTask):
-        return func
-    if isinstance(func, tvm.IRModule):
-        funcs = [f for _, f in func.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
-        if len(funcs) != 1:
-            raise AnsorError(f"an IRModule to tune must hold exactly one PrimFunc, this one has {len(funcs)}; "
-                             "for a Relax model use ansor.relax.tune_relax")
-        func = funcs[0]
-    elif isinstance(func, (list, tuple)):
-        if not func or not all(isinstance(t, tvm.te.Tensor) for t in func):
-            raise AnsorError("give a PrimFunc or a list of TE tensors (placeholders and outputs), "
-                             f"not a {type(func).__name__} of {sorted({type(t).__name__ for t in func})}")
-        func = tvm.te.create_prim_func(list(func))
-    if not isinstance(func, tvm.tirx.PrimFunc):
-        raise AnsorError(f"cannot tune a {type(func).__name__}: give a PrimFunc, a list of TE tensors, "
-                         "a one-PrimFunc IRModule or a SearchTask")
-    return SearchTask(func, target, workload_key=workload_key)
-
-
-def tune(func: Any, target: TargetLike = None, trials: Optional[int] = None,
-         log_file: Union[str, os.PathLike, None] = None, *, options: Optional[TuningOptions] = None,
-         database: Union["Database", str, os.PathLike, None] = None, resume: bool = True,
-         workload_key: Optional[str] = None) -> TuneResult:
-    """Tune one program in one call: ``ansor.tune(func, "llvm", trials=64, log_file="mm.json")``.
-
-    ``func`` is a PrimFunc, a list of TE tensors (``[A, B, C]``), a one-PrimFunc IRModule or a
-    :class:`SearchTask`; ``trials`` (default 64) overrides ``options.num_measure_trials``. Measurement,
-    timing and cost model are the scripts' (:class:`TuningOptions` defaults). Returns a
-    :class:`TuneResult`: ``best_state``, ``best_cost`` (seconds), ``log_file``; apply it with
-    ``ansor.apply_best(result.task, result.log_file)``. See :func:`tune_task` for ``database`` and ``resume``.
-    """
-    return tune_task(as_task(func, target, workload_key), with_trials(options, trials), log_file, database=database,
-                     resume=resume)
-
