@@ -18,7 +18,8 @@ from ansor.task import workloads as W
 from ansor.errors import AnsorError, WorkloadError
 from ansor.task.workloads import Workload, get_workload, register_workload, workload_names
 
-PATTERNS = {"matmul-N", "matmul-MxNxK", "matmul-relu-N", "matmul-relu-MxNxK", "softmax-MxN"}
+PATTERNS = {"matmul-N", "matmul-MxNxK", "matmul-relu-N", "matmul-relu-MxNxK", "bf16-matmul-N", "bf16-matmul-MxNxK",
+            "softmax-MxN"}
 SUITE = ("C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "NRM")
 CONCRETE = [n for n in workload_names() if n not in PATTERNS]
 
