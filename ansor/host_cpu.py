@@ -48,11 +48,18 @@ class CpuInfo:
     def matrix_units(self) -> tuple[MatrixUnit, ...]:
         return tuple(unit for unit in MatrixUnit if set(unit.value) <= self.flags)
 
-    def mattr(self, mcpu: str, triple: Optional[str] = None) -> list[str]:
+    @property
+    def units(self) -> str:
+        """The flags of :data:`FLAG_FEATURES` this CPU has, for an error that says what it has."""
+        return ", ".join(flag for flag in FLAG_FEATURES if flag in self.flags) or "none of the vector units"
+
+    @lru_cache(maxsize=None)
+    def mattr(self, mcpu: str, triple: Optional[str] = None) -> tuple[str, ...]:
         """``+f``/``-f`` for each feature of :data:`FLAG_FEATURES` where the flags and LLVM's ``mcpu``
-        disagree (empty when they agree, so such a target is the plain ``mcpu`` one)."""
+        disagree (empty when they agree, so such a target is the plain ``mcpu`` one). Cached: it asks LLVM
+        about 13 features (~2 ms), and every ``host`` target parsed needs it."""
         if not self.flags:  # no cpuinfo (another OS): LLVM's name is all we know
-            return []
+            return ()
         probe = {"kind": "llvm", "mcpu": mcpu, **({"mtriple": triple} if triple else {})}
         named = tvm.target.Target(probe)
         out = []
@@ -60,7 +67,7 @@ class CpuInfo:
             has = flag in self.flags
             if has != bool(tvm.target.codegen.target_has_features(feature, named)):
                 out.append(("+" if has else "-") + feature)
-        return out
+        return tuple(out)
 
     def missing(self, target: tvm.target.Target) -> list[str]:
         """The cpuinfo flags of the units ``target``'s code may use and this CPU lacks (its first such

@@ -45,7 +45,7 @@ def _host_config(config: dict[str, Any]) -> dict[str, Any]:
         if "mattr" not in config and "mtriple" not in config:
             mattr = host_cpu().mattr(config["mcpu"])
             if mattr:
-                config["mattr"] = mattr
+                config["mattr"] = list(mattr)
     config.setdefault("num-cores", physical_cores())
     return config
 

@@ -49,30 +49,28 @@ def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = N
     set_tvm_threads(target)
     if not device_kind(target).device_module:  # a CPU target whose code runs here must run on this CPU
         from ..errors import TargetError
-        from ..host_cpu import FLAG_FEATURES, host_cpu
+        from ..host_cpu import host_cpu
         cpu = host_cpu()
         missing = cpu.missing(target) if runs_here and not (ray_address or os.environ.get("RAY_ADDRESS")) else []
         if missing:
-            present = [flag for flag in FLAG_FEATURES if flag in cpu.flags]
             raise TargetError(f"target {target_label(target)} uses {', '.join(missing)}, which this CPU "
-                              f"({cpu.model}) lacks (of these units it has: {', '.join(present) or 'none'}); "
+                              f"({cpu.model}) lacks (of these units it has: {cpu.units}); "
                               "use --target host, or --ray-address for a cluster whose nodes have them")
     return target
 
 
 def require_bf16(target) -> None:
-    """``--precision bf16`` needs a target with the bf16 dot product: one error line naming what is missing
-    and what this CPU has, where it is missing."""
-    import tvm
-
+    """``--precision bf16`` needs a target the search gives the bf16 dot product (not its portable form): one
+    error line naming what is missing and what this CPU has, where it is missing."""
     from ..errors import TargetError
-    from ..host_cpu import FLAG_FEATURES, host_cpu
-    if not tvm.target.codegen.target_has_features("avx512bf16", target):
+    from ..host_cpu import host_cpu
+    from ..sketch.tensor_rules import dot_intrinsic
+    from ..state.tensor_intrin import BF16Intrin
+    if dot_intrinsic(target) is not BF16Intrin.AVX512_DOT_16x2:
         cpu = host_cpu()
-        present = [flag for flag in FLAG_FEATURES if flag in cpu.flags]
         raise TargetError(f"--precision bf16 needs the CPU's bf16 dot product (cpuinfo flag avx512_bf16: AMD "
                           f"Zen 4/5, Intel Xeon 4th gen on), which target {target_label(target)} lacks; this CPU "
-                          f"({cpu.model or 'unknown'}) has {', '.join(present) or 'none of the vector units'}")
+                          f"({cpu.model or 'unknown'}) has {cpu.units}")
 
 
 def announce_target(target) -> None:
