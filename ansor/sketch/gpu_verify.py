@@ -14,13 +14,14 @@ rewriting: the point where allocations have their final sizes and vthreads have 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Optional
 
 import tvm
 from tvm import s_tir, tirx
 
 from ..errors import StepError
-from ..state.loop_nest import AttachKind
+from ..state.loop_nest import AttachKind, Iterator
 from ..state.loop_state import State
 from ..task.search_task import SearchTask
 
@@ -82,20 +83,19 @@ def host_code(state: State) -> Optional[str]:
             if it.annotation == "parallel":
                 return f"loop {it.name} of stage {stage.name} is a CPU parallel loop"
     for sid, stage in enumerate(state.stages):
-        if stage.compute_at == AttachKind.ROOT and not _bound(state, sid):
+        if stage.compute_at == AttachKind.ROOT and not any(it.annotation.startswith(_THREAD_TAGS)
+                                                           for it in _kernel_iters(state, sid)):
             return f"stage {stage.name} binds no loop to a GPU block or thread: it would run on the host"
     return None
 
 
-def _bound(state: State, sid: int) -> bool:
-    """Whether stage ``sid`` or a stage attached under it binds a loop to a GPU block or thread."""
+def _kernel_iters(state: State, sid: int) -> Iterable[Iterator]:
+    """The loops of root stage ``sid`` and of every stage computed under it: one kernel's loops."""
     todo = [sid]
     while todo:
         k = todo.pop()
         todo.extend(state.attached_to(k))
-        if any(it.annotation.startswith(_THREAD_TAGS) for it in state.stages[k].iters):
-            return True
-    return False
+        yield from state.stages[k].iters
 
 
 def verify_gpu(task: SearchTask, state: State) -> Optional[str]:
@@ -132,17 +132,13 @@ def launch_dims(state: State) -> list[dict]:
             continue
         grid, block = [1, 1, 1], [1, 1, 1]
         vthread = 1
-        todo = [sid]
-        while todo:
-            k = todo.pop()
-            todo.extend(state.attached_to(k))
-            for it in state.stages[k].iters:
-                tag, extent = it.annotation, it.extent or 1
-                if tag.startswith(("blockIdx.", "threadIdx.")):
-                    dims = grid if tag.startswith("blockIdx.") else block
-                    axis = "xyz".index(tag[-1])
-                    dims[axis] = max(dims[axis], extent)
-                elif tag == "vthread":
-                    vthread *= extent
+        for it in _kernel_iters(state, sid):
+            tag, extent = it.annotation, it.extent or 1
+            if tag.startswith(_THREAD_TAGS):
+                dims = grid if tag.startswith("blockIdx.") else block
+                axis = "xyz".index(tag[-1])
+                dims[axis] = max(dims[axis], extent)
+            elif tag == "vthread":
+                vthread *= extent
         out.append({"stage": stage.name, "grid": grid, "block": block, "vthread": vthread})
     return out
