@@ -25,8 +25,8 @@ def blocks() -> list[str]:
 def test_tutorial_has_every_part():
     code = "\n".join(blocks())
     for call in ("ansor.tune(", "ansor.apply_best(", "ansor.print_best(", "ansor.tune_task(task, options",
-                 "ansor.relax.extract_tasks(", "ansor.relax.tune_relax(", "ansor.relax.compile_relax(", "ansor.relax.export(", "ansor.Database(",
-                 ".distill("):
+                 "ansor.relax.extract_tasks(", "ansor.relax.tune_relax(", "ansor.relax.compile_relax(",
+                 "ansor.relax.export(", "ansor.Database(", ".distill("):
         assert call in code, call
     assert sum(b.startswith(FRESH) for b in blocks()) == 1
 

@@ -63,7 +63,8 @@ def time_in_turn(onnx: Union[str, Path], logs: Sequence[Path], rounds: int, repe
     return result
 
 
-def time_in_processes(onnx: Union[str, Path], logs: Sequence[Path], processes: int, rounds: int, repeat: int) -> list[Rounds]:
+def time_in_processes(onnx: Union[str, Path], logs: Sequence[Path], processes: int, rounds: int,
+                      repeat: int) -> list[Rounds]:
     """:func:`time_in_turn` in ``processes`` fresh Python processes, one after another (the caller's
     environment, TVM_NUM_THREADS included); one list of rounds per process."""
     out = []

@@ -35,7 +35,8 @@ def model_name(model: str | Path) -> str:
     return Path(model).stem if str(model).endswith(".onnx") else str(model)
 
 
-def tuned_log(onnx: str | Path, log: Path, minutes: float, cold: bool, startup: float = 0.0) -> tuple[float, float, int]:
+def tuned_log(onnx: str | Path, log: Path, minutes: float, cold: bool,
+              startup: float = 0.0) -> tuple[float, float, int]:
     """Tune into ``log`` unless it exists; returns (start time, time of its first measurement, trials). The
     start is kept beside the log; a log given with --cold-log has none, and starts ``startup`` seconds before
     its first measurement."""
