@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import math
 import os
 import platform
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import tvm
 
@@ -105,6 +106,73 @@ def host_cpu(path: str = "/proc/cpuinfo") -> CpuInfo:
         return parse_cpuinfo(Path(path).read_text(errors="replace"))
     except OSError:
         return CpuInfo("", frozenset())
+
+
+#: Longest CPU model name a log's machine facts keep (cpuinfo's are under 64 characters).
+MAX_MODEL_CHARS = 128
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """The machine a log's programs were measured on, as each workload line of the log keeps it: what a
+    program's speed depends on beyond its target (the model name, the units, the cores, the caches), so a
+    record measured elsewhere can be weighed as a seed rather than taken as a verdict."""
+
+    cpu: str  # cpuinfo's model name
+    isa: tuple[str, ...]  # the flags of FLAG_FEATURES the CPU has, in that table's order
+    cores: int  # physical cores the measuring process could use
+    caches_kib: tuple[int, int, int]  # L1 data, L2, L3 of one core (0: unknown)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cpu": self.cpu, "isa": list(self.isa), "cores": self.cores, "caches_kib": list(self.caches_kib)}
+
+    @staticmethod
+    def from_json(obj: Any) -> Optional["MachineFacts"]:
+        """The facts of a log's ``machine`` field; ``None`` for anything else (a field from a later version
+        or a damaged one never stops a record from loading, it only loses its facts)."""
+        try:
+            isa = tuple(str(f) for f in obj["isa"] if f in FLAG_FEATURES)
+            caches = tuple(int(c) for c in obj["caches_kib"])
+            facts = MachineFacts(str(obj["cpu"])[:MAX_MODEL_CHARS], isa, int(obj["cores"]), caches)  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError, OverflowError):
+            return None
+        ok = len(caches) == 3 and all(0 <= c < 2 ** 31 for c in caches) and 0 < facts.cores < 2 ** 16
+        return facts if ok else None
+
+    @property
+    def vector_bytes(self) -> int:
+        return 64 if "avx512f" in self.isa else 32 if "avx2" in self.isa else 16
+
+    def distance(self, other: "MachineFacts") -> tuple[int, int, float]:
+        """How far ``other`` is from this machine, for sorting seeds nearest first: the vector width
+        differs, the units differ, then how far the caches and cores are (log ratios summed)."""
+        far = sum(abs(math.log2(max(a, 1) / max(b, 1))) for a, b in zip(self.caches_kib, other.caches_kib))
+        far += abs(math.log2(self.cores / other.cores))
+        return (int(self.vector_bytes != other.vector_bytes), len(set(self.isa) ^ set(other.isa)), far)
+
+
+def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int, int]:
+    """The L1 data, L2 and L3 cache sizes of the first CPU in KiB, from Linux's sysfs (0 where unknown)."""
+    sizes = {1: 0, 2: 0, 3: 0}
+    for index in sorted(Path(root).glob("index[0-9]*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip().upper()
+            kib = int(size[:-1]) * (1024 if size.endswith("M") else 1) if size[-1] in "KM" else int(size) // 1024
+        except (OSError, ValueError, IndexError):
+            continue
+        if level in sizes and kind in ("Data", "Unified"):
+            sizes[level] = kib
+    return sizes[1], sizes[2], sizes[3]
+
+
+@lru_cache(maxsize=None)
+def host_machine(cores: int) -> MachineFacts:
+    """This machine's facts, for a log of programs measured here on ``cores`` cores."""
+    cpu = host_cpu()
+    return MachineFacts(cpu.model[:MAX_MODEL_CHARS], tuple(f for f in FLAG_FEATURES if f in cpu.flags), cores,
+                        cache_sizes())
 
 
 #: Linux's x86-64 ``arch_prctl`` syscall, its "request permission for an xstate component" code, and the

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tvm
 
-from ansor.host_cpu import FLAG_FEATURES, MatrixUnit, host_cpu, parse_cpuinfo
+from ansor.host_cpu import FLAG_FEATURES, MachineFacts, MatrixUnit, cache_sizes, host_cpu, parse_cpuinfo
 from ansor.target import host_target, parse_target
 
 DATA = Path(__file__).parent / "data" / "cpuinfo"
@@ -107,3 +107,19 @@ def test_commands_name_the_host_matrix_units_first():
     first = proc.stderr.replace("\r", "\n").splitlines()[0]
     assert first.startswith("target: llvm -mcpu=") and "matrix units:" in first
     assert all(unit.name in first for unit in host_cpu().matrix_units)
+
+
+def test_machine_facts_read_the_caches_from_sysfs(tmp_path):
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
+                                             (3, "Unified", "105M")]):
+        index = tmp_path / f"index{i}"
+        index.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (index / name).write_text(f"{value}\n")
+    assert cache_sizes(str(tmp_path)) == (48, 2048, 105 * 1024)
+    assert cache_sizes(str(tmp_path / "none")) == (0, 0, 0)
+    zen3 = MachineFacts("AMD EPYC", tuple(f for f in FLAG_FEATURES if f in recorded("zen3-epyc.txt").flags), 2, (32, 512, 32768))
+    assert zen3.vector_bytes == 32 and zen3.isa == ("fma", "avx2")
+    xeon = MachineFacts("Xeon", tuple(f for f in FLAG_FEATURES if f in recorded("xeon-amx.txt").flags), 2, (48, 2048, 0))
+    assert xeon.vector_bytes == 64 and "amx_tile" in xeon.isa
+    assert zen3.distance(zen3) == (0, 0, 0.0) and zen3.distance(xeon)[:2] > (0, 0)

@@ -178,6 +178,24 @@ def test_seeds_come_first_from_records_whose_constant_operands_are_the_tasks(dat
         assert [tuple(s.steps[i].lengths[0] for i in (0, 1)) for s in seed_states(task)] == tiles
 
 
+def test_a_record_of_another_cpu_still_seeds_nearest_hardware_first(data_dir):
+    """Records tuned on AVX-512 Zen 5, on 4-core Zen 3 and on 2-core Zen 3 all seed a 2-core Zen 3 task, the
+    2-core Zen 3 one first though slowest; a task of a CPU no record was tuned on is still seeded."""
+    targets = ({"kind": "llvm", "mcpu": "znver5", "num-cores": 2}, {**AVX2, "num-cores": 4}, AVX2)
+    log = data_dir / "cpu.schedules.json"
+    with RecordWriter(log) as writer:
+        for target, (a, b), cost in zip(targets, ((8, 16), (4, 32), (2, 16)), (1e-5, 2e-5, 3e-5)):
+            task = ansor.SearchTask.from_workload("matmul-64", target)
+            writer.write([MeasureInput(task, tiled(task, a, b))], [ok(cost)])
+    ScheduleDatabase.write_index(load_records(log), log)
+    tiles = lambda states: [tuple(s.steps[i].lengths[0] for i in (0, 1)) for s in states]  # noqa: E731
+    assert tiles(seed_states(ansor.SearchTask.from_workload("matmul-64", AVX2))) == [(2, 16), (4, 32), (8, 16)]
+    skylake = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+    assert tiles(seed_states(ansor.SearchTask.from_workload("matmul-64", skylake))) == [(8, 16), (2, 16), (4, 32)]
+    other = seed_states(ansor.SearchTask.from_workload("matmul-96", AVX2), limit=1)
+    assert tiles(other) == [(2, 16)]  # another size: the best record of the nearest hardware, re-fitted
+
+
 def test_a_damaged_schedule_index_means_no_seeds(data_dir, caplog):
     (data_dir / "cpu.schedules.json").write_text("")
     (data_dir / "cpu.schedules.json.index").write_text("{not json")

@@ -17,6 +17,7 @@ import tvm
 import tvm_ffi
 
 from ansor.errors import RecordError
+from ansor.host_cpu import MachineFacts
 from ansor.log.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
 from ansor.log.records import (
     RECORD_VERSION, Record, RecordWriter, best_records, distill, distinct_records, load_records, log_targets,
@@ -466,3 +467,40 @@ def test_a_log_names_its_writer_and_another_writers_log_loads_with_one_note(tmp_
     log.write_text("\n".join([json.dumps(workload), *lines[1:]]) + "\n")
     caplog.clear()
     assert len(load_records(log)) == len(states) and not warnings_of(caplog)
+
+
+ZEN3 = MachineFacts("AMD EPYC", ("fma", "avx2"), 2, (32, 512, 32768))
+XEON = MachineFacts("Intel Xeon", ("fma", "avx2", "avx512f", "amx_tile"), 2, (48, 2048, 107520))
+
+
+def test_records_keep_the_machine_they_were_measured_on(tmp_path, task, states):
+    """The writer's machine goes on the workload line once; appending from another machine writes a new
+    workload line, so each record loads with its own machine; a copied record keeps its machine."""
+    path = tmp_path / "machines.json"
+    with RecordWriter(path, machine=ZEN3) as writer:
+        writer.write([MeasureInput(task, s) for s in states[:2]], [ok(1.0)] * 2)
+    with RecordWriter(path, machine=ZEN3) as writer:  # the same machine resuming: no new workload line
+        writer.write([MeasureInput(task, states[2])], [ok(1.0)])
+    with RecordWriter(path, machine=XEON) as writer:
+        writer.write([MeasureInput(task, states[3])], [ok(0.5)])
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["machine"]["cpu"] for line in lines if "workload" in line] == ["AMD EPYC", "Intel Xeon"]
+    records = load_records(path)
+    assert [r.machine for r in records] == [ZEN3, ZEN3, ZEN3, XEON]
+    distill(path, tmp_path / "best.json", top_k=4)
+    assert {(r.steps, r.machine) for r in load_records(tmp_path / "best.json")} == {(r.steps, r.machine) for r in records}
+
+
+@pytest.mark.parametrize("machine", [None, "x86", {"cpu": "Zen", "isa": 3}, {"cpu": "Zen", "isa": [], "cores": -1,
+                                                                              "caches_kib": [1, 2, 3]}])
+def test_a_missing_or_damaged_machine_field_never_stops_a_record_loading(tmp_path, task, states, machine):
+    path = tmp_path / "old.json"
+    write(path, task, states[:2], [ok(1.0)] * 2)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert "machine" not in lines[0]  # no machine given to the writer: it says nothing
+    if machine is not None:
+        lines[0]["machine"] = machine
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records = load_records(path)
+    assert len(records) == 2 and all(r.machine is None for r in records)
+    assert MachineFacts.from_json(ZEN3.to_json()) == ZEN3

@@ -25,7 +25,7 @@ from ..log.records import PathLike, distill_records, load_records
 from ..log.seeds import SCHEDULES_SUFFIX, ScheduleDatabase
 from ..target import device_kind, shipped_file
 from .cost_model import CostModelError, read_model_file
-from .training import EvalReport, evaluate, to_measure_pairs
+from .training import EvalReport, evaluate_by_kind, to_measure_pairs
 from .xgb_model import XGBModel
 
 logger = logging.getLogger("ansor")
@@ -67,7 +67,7 @@ class PretrainReport:
     targets: dict[str, int]
     schedules: int
     seconds: float
-    held_out: dict[str, EvalReport] = field(default_factory=dict)
+    held_out: dict[str, EvalReport] = field(default_factory=dict)  # "<log> on <CPU kind>" -> its ranking
 
 
 def pretrain(logs: Sequence[PathLike], out_dir: PathLike, *, held_out: Sequence[PathLike] = (),
@@ -97,7 +97,6 @@ def pretrain(logs: Sequence[PathLike], out_dir: PathLike, *, held_out: Sequence[
     report = PretrainReport(trained.last_train.programs, len({(r.workload_key, r.task.target_str) for r in records}),
                             dict(Counter(r.task.target_str for r in records)), len(kept), time.perf_counter() - t0)
     for path in held_out:
-        test_in, test_res = to_measure_pairs(load_records(path))
-        if test_in:
-            report.held_out[str(path)] = evaluate(shipped, test_in, test_res)
+        for cpu, ev in evaluate_by_kind(shipped, load_records(path)).items():
+            report.held_out[f"{path} on {cpu}"] = ev
     return report

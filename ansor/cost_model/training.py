@@ -22,7 +22,7 @@ from ..log.measurement import MAX_COST, MeasureInput, MeasureResult
 from ..log.records import PathLike, Record, load_records
 from ..target import parse_target, target_to_str
 from .cost_model import CostModel
-from .metrics import pairwise_accuracy, spearman_by_group, top_k_recall
+from .metrics import pairwise_accuracy, pairwise_accuracy_by_gap, spearman_by_group, top_k_recall
 from .xgb_model import MAX_PROGRAMS_PER_TASK, XGBModel, XGBParams
 
 logger = logging.getLogger("ansor")
@@ -41,6 +41,13 @@ class EvalReport:
     top5_recall: float
     spearman: dict[str, float] = field(default_factory=dict)  # per workload key (and target, if several)
     programs_per_task: dict[str, int] = field(default_factory=dict)
+    #: (faster, slower] band of the slower program's time over the faster's -> (accuracy, pairs) in it
+    by_gap: dict[tuple[float, float], tuple[float, int]] = field(default_factory=dict)
+
+    def gap_summary(self) -> str:
+        """The pairwise accuracy per band of :data:`~.metrics.GAP_BANDS`, on one line."""
+        return ", ".join(f"{acc:.2f} of {n} pairs {lo:g}-{hi:g}x apart" if hi != float("inf") else
+                         f"{acc:.2f} of {n} pairs over {lo:g}x apart" for (lo, hi), (acc, n) in self.by_gap.items())
 
 
 @dataclass
@@ -144,7 +151,29 @@ def evaluate(model: CostModel, inputs: Sequence[MeasureInput], results: Sequence
     return EvalReport(len(inputs), len(set(groups)), pairwise_accuracy(scores, costs, groups),
                       top_k_recall(scores, costs, groups, 1), top_k_recall(scores, costs, groups, 5),
                       {str(k): v for k, v in spearman_by_group(scores, costs, groups).items()},
-                      dict(Counter(groups)))
+                      dict(Counter(groups)), pairwise_accuracy_by_gap(scores, costs, groups))
+
+
+def cpu_kind(record: Record) -> str:
+    """The kind of CPU ``record`` was measured on, for reporting a model's ranking per kind: its log's
+    machine facts where it has them (model name and vector width), else its target's ``mcpu``."""
+    mcpu = str(record.task.target.attrs.get("mcpu", "")) or record.task.target.kind.name
+    if record.machine is None:
+        return f"{mcpu} (machine not logged)"
+    return f"{record.machine.cpu}, {mcpu}, {8 * record.machine.vector_bytes}-bit vectors"
+
+
+def evaluate_by_kind(model: CostModel, records: Sequence[Record]) -> dict[str, EvalReport]:
+    """:func:`evaluate` on the records of each CPU kind (:func:`cpu_kind`) apart."""
+    kinds: dict[str, list[Record]] = {}
+    for rec in records:
+        kinds.setdefault(cpu_kind(rec), []).append(rec)
+    out = {}
+    for kind, recs in sorted(kinds.items()):
+        inputs, results = to_measure_pairs(recs)
+        if inputs:
+            out[kind] = evaluate(model, inputs, results)
+    return out
 
 
 def train_from_logs(paths: Union[PathLike, Sequence[PathLike]], *, target: TargetLike = None,

@@ -21,6 +21,7 @@ import tvm
 import tvm_ffi
 
 from ..errors import StepError, short_message, short_repr
+from ..host_cpu import MachineFacts
 from .measurement import ErrorNo, MeasureResult
 from ..task.search_task import SearchTask, prim_func_key
 from ..target import HardwareParams, parse_target
@@ -68,6 +69,7 @@ class WorkloadLine:
     prim_func: str
     desc: str
     writer: str = ""  # "ansor X, tvm Y" of the run that wrote it; "" in logs older than the field
+    machine: Optional[MachineFacts] = None  # where its records were measured; None: not said, or unreadable
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ def parse_workload_line(obj: dict) -> WorkloadLine:
         raise CorruptLine("workload line needs string fields workload, prim_func, desc (and writer, if present)")
     _check(0 < len(key) <= MAX_KEY_CHARS and len(desc) <= MAX_KEY_CHARS and len(writer) <= MAX_KEY_CHARS,
            f"workload key, desc and writer must have 1 to {MAX_KEY_CHARS} characters")
-    return WorkloadLine(key, text, desc, writer)
+    machine = MachineFacts.from_json(obj["machine"]) if "machine" in obj else None
+    return WorkloadLine(key, text, desc, writer, machine)
 
 
 def load_prim_func(key: str, text: str) -> tvm.tirx.PrimFunc:

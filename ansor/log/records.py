@@ -27,6 +27,7 @@ import tvm
 import tvm_ffi
 
 from ..errors import RecordError
+from ..host_cpu import MachineFacts
 from ..state.loop_state import State
 from .measurement import MeasureInput, MeasureResult
 from .codec import (
@@ -65,6 +66,7 @@ class Record:
     task: SearchTask
     steps: tuple[Step, ...]
     result: MeasureResult
+    machine: Optional[MachineFacts] = None  # where it was measured, as its log says (None: not said)
 
     @property
     def workload_key(self) -> str:
@@ -160,11 +162,15 @@ class RecordWriter:
         Also ``os.fsync`` after every record, so records survive a power loss, not only a crash of this
         process. Off by default: on most disks it costs far more than the write itself; call :meth:`sync`
         once per round instead.
+    machine
+        The machine the records of CPU targets are measured on, kept on their workload lines (None: say
+        nothing, e.g. when the runners are a cluster's other nodes).
     """
 
-    def __init__(self, path: PathLike, *, fsync: bool = False):
+    def __init__(self, path: PathLike, *, fsync: bool = False, machine: Optional[MachineFacts] = None):
         self.path = Path(path)
         self.fsync = fsync
+        self.machine = machine
         self._dirty = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,8 +188,9 @@ class RecordWriter:
             os.close(fd)
             raise
         self._fd: Optional[int] = fd
-        # key -> the program that the key's records appended now are read with (its last usable workload line)
-        self._programs: dict[str, Optional[tvm.tirx.PrimFunc]] = {}
+        # key -> the program and machine that the key's records appended now are read with (its last usable
+        # workload line)
+        self._programs: dict[str, Optional[tuple[tvm.tirx.PrimFunc, Optional[MachineFacts]]]] = {}
         if not ends_clean:  # a torn last line from a crash: do not glue the next record onto it
             self._append(b"\n")
 
@@ -194,13 +201,16 @@ class RecordWriter:
         for inp, res in zip(inputs, results):
             self.write_record(inp.task, inp.state.steps, res)
 
-    def write_record(self, task: SearchTask, steps: Sequence[Step], result: MeasureResult) -> None:
-        """Append one record given its step list (no :class:`State` needed, e.g. when copying records)."""
+    def write_record(self, task: SearchTask, steps: Sequence[Step], result: MeasureResult,
+                     machine: Optional[MachineFacts] = None) -> None:
+        """Append one record given its step list (no :class:`State` needed, e.g. when copying records);
+        ``machine``: where it was measured, if not on the writer's machine (a copied record's)."""
         key = task.workload_key
+        facts = (machine or self.machine) if task.target.kind.name == "llvm" else None
         text = _record_line(task, steps, result)
-        if not self._has_program(key, task.func):
-            text = _workload_line(task) + text
-            self._programs[key] = task.func
+        if not self._has_program(key, task.func, facts):
+            text = _workload_line(task, facts) + text
+            self._programs[key] = (task.func, facts)
         self._append(text.encode("utf-8"))
 
     def sync(self) -> None:
@@ -232,8 +242,9 @@ class RecordWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _has_program(self, key: str, func: tvm.tirx.PrimFunc) -> bool:
-        """Whether the file already says that ``key`` is ``func``: its last loadable workload line of ``key``.
+    def _has_program(self, key: str, func: tvm.tirx.PrimFunc, machine: Optional[MachineFacts]) -> bool:
+        """Whether the file already says that ``key`` is ``func`` measured on ``machine``: its last loadable
+        workload line of ``key``.
 
         Only such a line counts: one of another version, one whose PrimFunc this TVM cannot load, or one of
         another program under the same key would leave the records appended now unreadable or misread.
@@ -241,10 +252,10 @@ class RecordWriter:
         if key not in self._programs:
             self._programs[key] = _last_program(self._file_lines.pop(key, []))
         known = self._programs[key]
-        if known is None:
+        if known is None or known[1] != machine:
             return False
-        if known is func or tvm_ffi.structural_equal(known, func):
-            self._programs[key] = func  # the next record of this task compares by identity
+        if known[0] is func or tvm_ffi.structural_equal(known[0], func):
+            self._programs[key] = (func, machine)  # the next record of this task compares by identity
             return True
         return False
 
@@ -286,9 +297,11 @@ def _record_line(task: SearchTask, steps: Sequence[Step], result: MeasureResult)
     return json.dumps(obj) + "\n"
 
 
-def _workload_line(task: SearchTask) -> str:
+def _workload_line(task: SearchTask, machine: Optional[MachineFacts]) -> str:
     obj = {"workload": task.workload_key, "target": task.target_str, "hw": task.hardware_params.to_json(),
            "prim_func": tvm.ir.save_json(task.func), "desc": task.desc, "writer": writer(), "v": RECORD_VERSION}
+    if machine is not None:
+        obj["machine"] = machine.to_json()
     return json.dumps(obj) + "\n"
 
 
@@ -308,12 +321,13 @@ def _scan_workload_lines(path: Path) -> tuple[dict[str, list[bytes]], bool]:
     return found, ends_clean
 
 
-def _last_program(lines: list[bytes]) -> Optional[tvm.tirx.PrimFunc]:
-    """The PrimFunc of the last of these workload lines that loads (what the loader reads records with)."""
+def _last_program(lines: list[bytes]) -> Optional[tuple[tvm.tirx.PrimFunc, Optional[MachineFacts]]]:
+    """The PrimFunc and machine of the last of these workload lines that loads (what the loader reads
+    records with)."""
     for raw in reversed(lines):
         try:
             wl = parse_workload_line(parse_line(raw))
-            return load_prim_func(wl.key, wl.prim_func)
+            return load_prim_func(wl.key, wl.prim_func), wl.machine
         except CorruptLine:
             continue
     return None
@@ -365,6 +379,7 @@ class _Workload:
     key: str
     func: tvm.tirx.PrimFunc
     desc: str
+    machine: Optional[MachineFacts]
 
 
 def load_records(path_or_paths: Union[PathLike, Iterable[PathLike]], *, workload_key: Optional[str] = None,
@@ -463,7 +478,7 @@ def _load_file(f: BinaryIO, path: PathLike, want_key: Optional[str], want_target
         except CorruptLine as err:
             skipped.append((lineno, str(err)))
             return
-        records.append((lineno, Record(task, steps, line.result)))
+        records.append((lineno, Record(task, steps, line.result, wl.machine)))
 
     for lineno, raw, torn in _lines(f, path, skipped):
         try:
@@ -474,7 +489,7 @@ def _load_file(f: BinaryIO, path: PathLike, want_key: Optional[str], want_target
                     continue
                 writers.add(wl_line.writer)
                 wl = current[wl_line.key] = _Workload(wl_line.key, cache.func(wl_line, f"{path}:{lineno}"),
-                                                      wl_line.desc)
+                                                      wl_line.desc, wl_line.machine)
                 for n, line in waiting.pop(wl.key, []):
                     bind(n, line, wl)
                 continue
@@ -541,7 +556,7 @@ def distill_records(records: Iterable[Record], out_path: PathLike, top_k: int = 
                         break
                     if rec.steps not in seen:
                         seen.add(rec.steps)
-                        writer.write_record(rec.task, rec.steps, rec.result)
+                        writer.write_record(rec.task, rec.steps, rec.result, rec.machine)
                         kept.append(rec)
         try:
             os.replace(tmp, out)

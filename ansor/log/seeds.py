@@ -5,7 +5,8 @@
 each ISA they were tuned on (``scripts/train_pretrained.py``). A task starts by measuring up to
 :data:`SEEDS_PER_TASK` of them, as Transfer-Tuning (PACT'22) reuses the schedules of tuned models:
 
-- its own workload's records, those tuned for the same vector width first;
+- its own workload's records, those tuned on the nearest hardware first (:func:`hardware_distance`: the
+  same vector width, then the same CPU, then the same core count);
 - else records of the same operator at other sizes (same stages, same loop kinds: :func:`signature`),
   those whose operands are constants where the task's are (:func:`constant_reads`) first, then nearest in
   FLOPs, with every split re-fitted to the new loop extents (:func:`refit`);
@@ -318,10 +319,9 @@ class ScheduleDatabase:
 
     def seeds(self, task: SearchTask, limit: int = SEEDS_PER_TASK) -> list[State]:
         """Up to ``limit`` states for ``task``: its workload's records, else refitted neighbours'."""
-        vector_bytes = task.hardware_params.vector_unit_bytes
         if task.workload_key in self.index:
             own = self.records(task.workload_key)
-            candidates = sorted(own, key=lambda r: r.task.hardware_params.vector_unit_bytes != vector_bytes)
+            candidates = sorted(own, key=lambda r: hardware_distance(task, r))
         else:
             sig, flops, constants = signature(task), max(task.compute_dag.flop_ct, 1.0), constant_reads(task)
             kin = {k: kinship for k, e in self.index.items() if (kinship := Kinship.of(e.signature, sig)) is not None}
@@ -329,7 +329,7 @@ class ScheduleDatabase:
             same = [k for k, kinship in kin.items() if kinship == closest]
             keys = sorted(same, key=lambda k: (self.index[k].constants != constants,
                                                abs(math.log(max(self.index[k].flops, 1.0) / flops))))
-            candidates = [best_of(recs, vector_bytes) for recs in map(self.records, keys[:limit]) if recs]
+            candidates = [best_of(recs, task) for recs in map(self.records, keys[:limit]) if recs]
         states: list[State] = []
         seen: set = set()
         for rec in candidates:
@@ -345,9 +345,20 @@ class ScheduleDatabase:
         return states
 
 
-def best_of(records: Sequence[Record], vector_bytes: int) -> Record:
-    """The fastest of ``records`` (sorted fastest first) tuned for ``vector_bytes``, else the fastest."""
-    return next((r for r in records if r.task.hardware_params.vector_unit_bytes == vector_bytes), records[0])
+def hardware_distance(task: SearchTask, record: Record) -> tuple[bool, bool, bool]:
+    """How far the hardware ``record`` was tuned for is from ``task``'s, for sorting records nearest first
+    (a stable sort keeps them fastest first within each step): another vector width changes the code, another
+    CPU its caches and latencies, another core count the parallel split. A record of another machine stays a
+    seed, only a later one."""
+    mine, theirs = task.hardware_params, record.task.hardware_params
+    return (theirs.vector_unit_bytes != mine.vector_unit_bytes,
+            record.task.target.attrs.get("mcpu", "") != task.target.attrs.get("mcpu", ""),
+            theirs.num_cores != mine.num_cores)
+
+
+def best_of(records: Sequence[Record], task: SearchTask) -> Record:
+    """The fastest of ``records`` (sorted fastest first) tuned on the hardware nearest ``task``'s."""
+    return min(records, key=lambda r: hardware_distance(task, r))
 
 
 def seed_states(task: SearchTask, limit: int = SEEDS_PER_TASK) -> list[State]:

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 from ..errors import AnsorError
+from ..host_cpu import host_machine
 from ..log.measurement import MeasureCallback
 from ..log.records import Record, RecordWriter, load_records, other_targets_message
 from ..task.search_task import SearchTask
+from ..target import physical_cores
 from .options import Measurer, TuningOptions, make_measurer
 
 if TYPE_CHECKING:
@@ -27,9 +29,11 @@ def measuring_into(path: Path, options: TuningOptions, on_round: Optional[Callab
     log at ``path`` the moment it is known, and ``on_round`` preceded by an fsync of the log.
 
     The one way a tuning workflow writes its log: after Ctrl-C or a crash every finished measurement is on
-    disk and a rerun resumes it, and each round's measurements survive a power loss too.
+    disk and a rerun resumes it, and each round's measurements survive a power loss too. Runners on this
+    machine (no Ray address) measure: the log keeps its facts (:class:`~ansor.host_cpu.MachineFacts`).
     """
-    with RecordWriter(path) as writer, make_measurer(options, [writer.write, *callbacks]) as measurer:
+    machine = host_machine(physical_cores()) if options.ray_address is None else None
+    with RecordWriter(path, machine=machine) as writer, make_measurer(options, [writer.write, *callbacks]) as measurer:
 
         def round_done(report: Any) -> None:
             writer.sync()

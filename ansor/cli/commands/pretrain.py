@@ -13,7 +13,8 @@ Writes two files into --out-dir (default: the package's own ``ansor/data``, whic
                        together (its features include each target's vector lanes and cores)
   cpu.schedules.json   the --top-k best distinct records of each workload and target: a tuning log
 
---held-out LOG reports how well the new model ranks the programs of logs it was not trained on:
+--held-out LOG reports how well the new model ranks the programs of logs it was not trained on, for
+each kind of CPU they were measured on (the machine each log names, else its target's CPU):
 pairwise accuracy (the fraction of same-task program pairs it orders like the measurements), top-1
 recall and Spearman per task. Exit status 2 means bad input: a missing log, or no valid record.
 """
@@ -61,6 +62,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"schedule database: {report.schedules} records")
     for path, ev in report.held_out.items():
         print(f"held out {path}: {ev.n_programs} programs of {ev.n_tasks} tasks, pairwise accuracy "
-              f"{ev.pairwise_accuracy:.3f}, top-1 recall {ev.top1_recall:.3f}")
+              f"{ev.pairwise_accuracy:.3f}, top-1 recall {ev.top1_recall:.3f}; by gap: {ev.gap_summary()}")
     print(f"wrote {out}/cpu.model.npz and {out}/cpu.schedules.json")
     return 0
