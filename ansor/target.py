@@ -258,6 +258,9 @@ class DeviceKind:
     #: a kernel call returns when the kernel is done, so the VM's per-call probe times it (the
     #: network-level selection ranks candidates by it); a GPU launch returns at once
     profile_calls: bool
+    #: a built network captures its kernel launches once and replays them as one CUDA graph (Relax's
+    #: ``RewriteCUDAGraph``): at batch 1 a GPU network is launch-bound otherwise
+    graph_launch: bool
     #: the name of the pretrained cost model and schedule database shipped for this kind
     #: (``ansor/data/<name>.*``); empty: none is shipped, tuning starts cold
     pretrained: str
@@ -272,14 +275,14 @@ CPU_DEVICE = DeviceKind(
     compile_error="COMPILE_HOST", thread_pool=True, flush_caches=True, device_module=False,
     kernel_files=(("llvm_ir", "ll", "ll"), ("asm", "s", "asm")), host_reference=False, prepare_network=True,
     default_schedule="ansor", relax_pipeline="tvm.relax.backend.cpu_generic.pipeline", torch_baseline=True,
-    detect_arch=False, profile_calls=True, pretrained="cpu",
+    detect_arch=False, profile_calls=True, graph_launch=False, pretrained="cpu",
 )
 CUDA_DEVICE = DeviceKind(
     name="cuda", hardware=_cuda_params, device_type=_kind_device_type, ray_resource="gpu",
     compile_error="COMPILE_DEVICE", thread_pool=False, flush_caches=False, device_module=True,
     kernel_files=(("cuda", "cu", "cuda"),), host_reference=True, prepare_network=False,
-    default_schedule="dlight", relax_pipeline="tvm.relax.backend.gpu_generic.pipeline", torch_baseline=False,
-    detect_arch=True, profile_calls=False, pretrained="",
+    default_schedule="dlight", relax_pipeline="tvm.relax.backend.cuda.pipeline", torch_baseline=False,
+    detect_arch=True, profile_calls=False, graph_launch=True, pretrained="",
 )
 
 

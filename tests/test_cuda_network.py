@@ -16,6 +16,8 @@ from ansor.cost_model import RandomModel
 from ansor.log.measurement import MAX_COST, ErrorNo, MeasureInput, MeasureResult
 from ansor.measure.builder import build_program
 from ansor.networks import default_candidates, default_state, extract, get_network
+from ansor.networks.evaluate import build
+from ansor.networks.schedules import apply_schedules
 from ansor.relax.tune import first_candidates
 from ansor.sketch.gpu_verify import host_code, verify_gpu
 from ansor.task.search_task import SearchTask
@@ -85,3 +87,15 @@ def test_network_tuning_sends_only_verified_gpu_programs(cuda_tasks):
     for inp, (error_no, message) in zip(measurer.sent, measurer.builds):
         assert verify_gpu(inp.task, inp.state) is None, inp.task.desc
         assert error_no == ErrorNo.NO_ERROR, (inp.task.desc, message)
+
+
+def test_a_cuda_network_is_built_to_launch_as_one_cuda_graph():
+    """At batch 1 a GPU network is launch-bound: the built network captures its kernel launches once and
+    replays them as a CUDA graph (built here without a GPU; the VM code calls the capture builtin). A CPU
+    build of the same network has no such call."""
+    extraction = extract(get_network("tiny-cnn", 1), CUDA)
+    default = apply_schedules(extraction.mod, extraction.tasks, {}, target=CUDA)
+    assert "cuda_graph" in build(default, CUDA).as_text()
+    cpu_target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    cpu = extract(get_network("tiny-cnn", 1), cpu_target)
+    assert "cuda_graph" not in build(apply_schedules(cpu.mod, cpu.tasks, {}, target=cpu_target), cpu_target).as_text()

@@ -9,6 +9,7 @@ runtime actually uses, so a wrong setting shows in every result.
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib
 import logging
 import time
@@ -69,6 +70,10 @@ class OutputComparison:
         return self.max_abs_error <= self.atol + self.rtol * self.scale
 
 
+#: The pass-context option of Relax's ``RewriteCUDAGraph`` (in TVM's CUDA finalize passes; off by default).
+GRAPH_LAUNCH = "relax.backend.use_cuda_graph"
+
+
 def runtime_threads() -> int:
     """Threads the TVM CPU runtime of this process uses (fixed when its pool first starts)."""
     return int(tvm.get_global_func("runtime.NumThreads")())
@@ -100,11 +105,20 @@ def build(mod: tvm.IRModule, target: TargetLike = None, fused: bool = True) -> t
     """
     target = parse_target(target)
     try:
-        if fused:
-            return codegen.compile(mod, target, relax_pipeline=lowering_pipeline(target))
-        return codegen.compile(mod, target)
+        with _graph_launch() if device_kind(target).graph_launch else contextlib.nullcontext():
+            if fused:
+                return codegen.compile(mod, target, relax_pipeline=lowering_pipeline(target))
+            return codegen.compile(mod, target)
     except Exception as err:  # TVM reports codegen failures with the whole IR around them
         raise NetworkError(f"building the network failed: {short_message(err, None, pick='last')}") from None
+
+
+def _graph_launch() -> tvm.transform.PassContext:
+    """The current pass context with Relax's CUDA-graph rewrite on: the VM captures the launches of each
+    static region once and replays the graph on later calls."""
+    current = tvm.transform.PassContext.current()
+    return tvm.transform.PassContext(opt_level=current.opt_level,
+                                     config={**dict(current.config), GRAPH_LAUNCH: True})
 
 
 def _device(target: TargetLike) -> tvm.runtime.Device:
