@@ -1,8 +1,37 @@
-"""Shared fixtures: one local Ray instance per test module that needs one (starting Ray takes ~4 s)."""
+"""Shared fixtures: one local Ray instance per test module that needs one (starting Ray takes ~4 s), and
+the machine to itself for every test marked ``timing`` when pytest-xdist runs tests side by side."""
 
+import fcntl
 import itertools
+import os
+import tempfile
 
 import pytest
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist, a ``timing`` test runs alone on the machine: it asserts on measured speeds, which
+    another worker's compilation would move. Every other test (its fixtures' setup and teardown included)
+    holds a shared lock that a timing test takes exclusively; a gate taken first keeps new shared holders out
+    while a timing test waits (flock is not fair)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: nothing runs beside the test
+        return (yield)
+    exclusive = item.get_closest_marker("timing") is not None
+    base = os.path.join(tempfile.gettempdir(), f"ansor-tests-{run}")
+    with open(base + ".gate", "a") as gate, open(base + ".lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="module")

@@ -81,6 +81,7 @@ def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, m
     assert not any(overlaps(r, b) for r in runs for b in builds if r.node == b.node), "a run overlapped a build"
 
 
+@pytest.mark.timing
 def test_a_far_slower_candidate_is_timed_by_one_run(local_ray, matmul128):
     fast = MeasureInput(matmul128, tiled(matmul128, 16))
     naive = MeasureInput(matmul128, matmul128.compute_dag.init_state())  # one thread, no vectorization
@@ -280,6 +281,7 @@ def test_prepacked_constant_weight_is_checked_and_timed(local_ray, matmul128):
     assert all(r.ok for r in results), [r.error_msg for r in results]
 
 
+@pytest.mark.timing
 def test_the_tuner_times_candidates_cold(local_ray):
     """The measurer the tuner uses by default times a candidate as the network runs it, its operands from
     memory: a kernel that reads one float per cache line of a 256 KiB operand must cost more than when it is
@@ -298,6 +300,7 @@ def test_the_tuner_times_candidates_cold(local_ray):
     assert result.mean_cost > 1.5 * hot, (result.costs, hot)
 
 
+@pytest.mark.timing
 def test_flushed_timing_runs_every_run_cold():
     """With the cache flush each run reads its operands from memory: a kernel that touches one float per
     cache line of a 256 KiB operand (in cache on any CPU when hot) runs slower than when timed hot.

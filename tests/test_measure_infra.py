@@ -35,6 +35,7 @@ def hold_cpus(held: str, release: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.timing
 def test_a_build_that_gets_no_worker_is_an_infrastructure_failure(local_ray, matmul_inputs, tmp_path):
     """Someone else's work holds every CPU: the build never starts, is submitted again, then is INFRA_ERROR."""
     task = SearchTask.from_workload("matmul-64")

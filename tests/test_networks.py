@@ -173,6 +173,7 @@ def test_tuned_tiny_cnn_matches_default_build(extractions):
         assert comparison.ok, comparison
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_call_profile_times_every_kernel_call_of_an_inference(extractions):
     """The in-place profile sees each task's kernels as often as the network calls them, and nothing the
@@ -447,6 +448,7 @@ _TIMING_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_default_build_is_faster_than_untuned_build():
     cores = physical_cores()

@@ -203,6 +203,7 @@ def test_a_damaged_schedule_index_means_no_seeds(data_dir, caplog):
     assert "shipped schedule database not used" in caplog.text
 
 
+@pytest.mark.timing
 @pytest.mark.usefixtures("local_ray")
 @pytest.mark.slow
 def test_a_seeded_search_is_not_worse_than_a_cold_one(data_dir, tmp_path):

@@ -37,6 +37,7 @@ def write(log, task, entries):
             writer.write_record(task, steps, MeasureResult((cost,), ErrorNo.NO_ERROR, timestamp=stamp, in_network=net))
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_the_state_fastest_in_the_network_is_selected_and_applied(tiny, tmp_path):
     ex, conv, target = tiny
@@ -59,6 +60,7 @@ def test_the_state_fastest_in_the_network_is_selected_and_applied(tiny, tmp_path
         assert tvm_ffi.structural_equal(applied[name], expected[name])
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_a_slower_state_is_never_selected(tiny, tmp_path):
     ex, conv, target = tiny
@@ -70,6 +72,7 @@ def test_a_slower_state_is_never_selected(tiny, tmp_path):
     assert best_records(load_records(log, selections=True))[conv.workload_key].steps == good
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_a_record_that_does_not_replay_is_skipped_with_a_warning(tiny, tmp_path, caplog):
     """Its steps name a stage the task lacks: the selection warns and ranks the other records."""
@@ -84,6 +87,7 @@ def test_a_record_that_does_not_replay_is_skipped_with_a_warning(tiny, tmp_path,
     assert selection.variants == 2 and selection.changed == (conv.name,), selection
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 def test_a_combination_slower_end_to_end_is_not_kept(tiny):
     ex, conv, target = tiny

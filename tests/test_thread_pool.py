@@ -15,6 +15,7 @@ from ansor.task.timing import TimingPolicy
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timing
 def test_each_setting_is_timed_in_fresh_processes_and_unbound_threads_stand_unless_beaten(tmp_path):
     """Unbound threads are the reference: bound ones collapse when another process keeps a core busy."""
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
