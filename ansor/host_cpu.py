@@ -132,8 +132,8 @@ class MachineFacts:
         or a damaged one never stops a record from loading, it only loses its facts)."""
         try:
             isa = tuple(str(f) for f in obj["isa"] if f in FLAG_FEATURES)
-            caches = tuple(int(c) for c in obj["caches_kib"])
-            facts = MachineFacts(str(obj["cpu"])[:MAX_MODEL_CHARS], isa, int(obj["cores"]), caches)  # type: ignore[arg-type]
+            caches: Any = tuple(int(c) for c in obj["caches_kib"])
+            facts = MachineFacts(str(obj["cpu"])[:MAX_MODEL_CHARS], isa, int(obj["cores"]), caches)
         except (KeyError, TypeError, ValueError, OverflowError):
             return None
         ok = len(caches) == 3 and all(0 <= c < 2 ** 31 for c in caches) and 0 < facts.cores < 2 ** 16

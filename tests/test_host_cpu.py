@@ -118,8 +118,11 @@ def test_machine_facts_read_the_caches_from_sysfs(tmp_path):
             (index / name).write_text(f"{value}\n")
     assert cache_sizes(str(tmp_path)) == (48, 2048, 105 * 1024)
     assert cache_sizes(str(tmp_path / "none")) == (0, 0, 0)
-    zen3 = MachineFacts("AMD EPYC", tuple(f for f in FLAG_FEATURES if f in recorded("zen3-epyc.txt").flags), 2, (32, 512, 32768))
+    def isa(name):
+        return tuple(f for f in FLAG_FEATURES if f in recorded(name).flags)
+
+    zen3 = MachineFacts("AMD EPYC", isa("zen3-epyc.txt"), 2, (32, 512, 32768))
     assert zen3.vector_bytes == 32 and zen3.isa == ("fma", "avx2")
-    xeon = MachineFacts("Xeon", tuple(f for f in FLAG_FEATURES if f in recorded("xeon-amx.txt").flags), 2, (48, 2048, 0))
+    xeon = MachineFacts("Xeon", isa("xeon-amx.txt"), 2, (48, 2048, 0))
     assert xeon.vector_bytes == 64 and "amx_tile" in xeon.isa
     assert zen3.distance(zen3) == (0, 0, 0.0) and zen3.distance(xeon)[:2] > (0, 0)

@@ -15,11 +15,12 @@ from tvm import te
 import ansor
 import ansor.target
 from ansor.cost_model import XGBModel, load_model
-from ansor.cost_model.pretrained import pretrain, pretrained_model
+from ansor.cost_model.pretrained import add_to_database, pretrain, pretrained_model
 from ansor.cost_model.training import evaluate, to_measure_pairs
-from ansor.errors import StepError
+from ansor.errors import RecordError, StepError
 from ansor.log.measurement import ErrorNo, MeasureInput, MeasureResult
-from ansor.log.records import RecordWriter, load_records
+from ansor.host_cpu import MachineFacts, host_machine
+from ansor.log.records import RecordWriter, distill, load_records
 from ansor.log.seeds import (
     Kinship, ScheduleDatabase, constant_reads, core_signature, refit, seed_states, signature,
 )
@@ -30,7 +31,7 @@ from ansor.state.transform_steps.split import SplitStep
 from ansor.state.transform_steps.placement import ComputeAtStep
 from ansor.state.transform_steps.stages import CacheWriteStep
 from ansor.task.workloads import register_workload
-from ansor.target import parse_target, shipped_file
+from ansor.target import parse_target, physical_cores, shipped_file
 from ansor.tuning import TuningOptions, make_cost_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,6 +195,40 @@ def test_a_record_of_another_cpu_still_seeds_nearest_hardware_first(data_dir):
     assert tiles(seed_states(ansor.SearchTask.from_workload("matmul-64", skylake))) == [(8, 16), (2, 16), (4, 32)]
     other = seed_states(ansor.SearchTask.from_workload("matmul-96", AVX2), limit=1)
     assert tiles(other) == [(2, 16)]  # another size: the best record of the nearest hardware, re-fitted
+
+
+def test_of_two_records_for_one_target_the_one_measured_on_this_machine_seeds_first(data_dir):
+    """The AVX2 training logs ran AVX2 code on a Zen 5: the same target as a Zen 3's, another machine. Both
+    stay in the database (their times do not compare), and this machine's record seeds first."""
+    other = MachineFacts("AMD EPYC 9B45", ("fma", "avx2", "avx512f"), 2, (48, 1024, 32768))
+    task = ansor.SearchTask.from_workload("matmul-64", AVX2)
+    log = data_dir / "cpu.schedules.json"
+    for machine, (a, b), cost in ((other, (8, 16), 1e-5), (host_machine(physical_cores()), (2, 16), 3e-5)):
+        with RecordWriter(data_dir / "part.json", machine=machine) as writer:
+            writer.write([MeasureInput(task, tiled(task, a, b))], [ok(cost)])
+    distill(data_dir / "part.json", log, top_k=1)
+    ScheduleDatabase.write_index(load_records(log), log)
+    assert len(load_records(log)) == 2
+    assert [tuple(s.steps[i].lengths[0] for i in (0, 1)) for s in seed_states(task)] == [(2, 16), (8, 16)]
+
+
+def test_a_new_cpu_kinds_log_is_added_to_the_database_keeping_its_records_and_model(data_dir, tmp_path):
+    task = ansor.SearchTask.from_workload("matmul-64", {"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+    log = data_dir / "cpu.schedules.json"
+    with RecordWriter(log) as writer:
+        writer.write([MeasureInput(task, tiled(task, 8, 16))], [ok(1e-5)])
+    ScheduleDatabase.write_index(load_records(log), log)
+    (data_dir / "cpu.model.npz").write_bytes(b"the model stays as it is")
+    zen3 = ansor.SearchTask.from_workload("matmul-64", AVX2)
+    with RecordWriter(tmp_path / "zen3.json") as writer:
+        writer.write([MeasureInput(zen3, tiled(zen3, a, b)) for a, b in ((2, 16), (4, 32))], [ok(3e-5), ok(2e-5)])
+    assert add_to_database([tmp_path / "zen3.json"], data_dir, top_k=1) == 2
+    assert (data_dir / "cpu.model.npz").read_bytes() == b"the model stays as it is"
+    assert sorted(r.task.target.attrs["mcpu"] for r in load_records(log)) == ["znver3", "znver5"]
+    seeds = seed_states(zen3)
+    assert [tuple(s.steps[i].lengths[0] for i in (0, 1)) for s in seeds] == [(4, 32), (8, 16)]
+    with pytest.raises(RecordError, match="no schedule database to add to"):
+        add_to_database([tmp_path / "zen3.json"], tmp_path, top_k=1)
 
 
 def test_a_damaged_schedule_index_means_no_seeds(data_dir, caplog):

@@ -70,13 +70,32 @@ class PretrainReport:
     held_out: dict[str, EvalReport] = field(default_factory=dict)  # "<log> on <CPU kind>" -> its ranking
 
 
+def add_to_database(logs: Sequence[PathLike], out_dir: PathLike, *, kind: str = "cpu", top_k: int = 3) -> int:
+    """Add the ``top_k`` best records of each workload, target and machine of ``logs`` to the schedule database in
+    ``out_dir``, keeping its records and the model beside it; returns the records it now holds.
+
+    The way to bring a new CPU kind's logs into the shipped files without the logs the model was trained
+    on: its records become that kind's seeds (:func:`~ansor.log.seeds.hardware_distance` puts them first
+    there), while the model, which new trees fitted to one machine alone could only tilt, stays.
+    """
+    schedules = Path(out_dir) / f"{kind}.{SCHEDULES_SUFFIX}"
+    if not schedules.is_file():
+        raise RecordError(f"{schedules}: no schedule database to add to; train one with ansor pretrain first")
+    new = [r for r in load_records(logs) if device_kind(r.task.target).pretrained == kind]
+    if not any(r.result.ok for r in new):
+        raise RecordError(f"no valid record of a {kind} target in {', '.join(str(p) for p in logs)}")
+    kept = distill_records([*load_records(schedules), *new], schedules, top_k=top_k)
+    ScheduleDatabase.write_index(kept, schedules)
+    return len(kept)
+
+
 def pretrain(logs: Sequence[PathLike], out_dir: PathLike, *, held_out: Sequence[PathLike] = (),
              kind: str = "cpu", top_k: int = 3, seed: int = 0) -> PretrainReport:
     """Train the shipped model and write the shipped schedule database from ``logs``.
 
     Writes ``<out_dir>/<kind>.model.npz`` (the booster, trained on every record of ``logs`` measured for a
     target of that kind, all ISAs together; the features carry each target's vector lanes and cores) and
-    ``<out_dir>/<kind>.schedules.json`` (the ``top_k`` best distinct records of each workload and target of
+    ``<out_dir>/<kind>.schedules.json`` (the ``top_k`` best distinct records of each workload, target and machine of
     that kind) with its index.
     ``held_out``: logs of models left out of training, on which the trained model's ranking is reported.
     """

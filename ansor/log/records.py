@@ -528,7 +528,7 @@ def _note_other_writers(path: PathLike, writers: set[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------- distill
 def distill(in_paths: Union[PathLike, Iterable[PathLike]], out_path: PathLike, top_k: int = 1) -> int:
-    """Write the ``top_k`` best distinct valid states of each workload and target to ``out_path``.
+    """Write the ``top_k`` best distinct valid states of each workload, target and measuring machine to ``out_path``.
 
     ``out_path`` is replaced atomically, so it may be one of the inputs. Returns the number of records kept.
     """
@@ -539,10 +539,10 @@ def distill_records(records: Iterable[Record], out_path: PathLike, top_k: int = 
     """:func:`distill` of records already loaded; returns the records written."""
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    groups: dict[tuple[str, str], list[Record]] = {}
-    for rec in records:
+    groups: dict[tuple[str, str, Optional[MachineFacts]], list[Record]] = {}
+    for rec in records:  # times of two machines do not compare: each machine keeps its own best
         if rec.result.ok:
-            groups.setdefault((rec.workload_key, rec.task.target_str), []).append(rec)
+            groups.setdefault((rec.workload_key, rec.task.target_str, rec.machine), []).append(rec)
     out = Path(out_path)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)

@@ -42,7 +42,8 @@ from ..state.access import IterKind
 from ..state.transform_steps.split import SplitStep, divisors, padded_extents
 from ..state.transform_steps.placement import ComputeInlineStep
 from ..state.transform_steps.stages import CacheReadStep
-from ..target import shipped_file
+from ..host_cpu import host_machine
+from ..target import physical_cores, shipped_file
 from ..task.search_task import SearchTask
 from .records import Record, load_records
 
@@ -345,15 +346,17 @@ class ScheduleDatabase:
         return states
 
 
-def hardware_distance(task: SearchTask, record: Record) -> tuple[bool, bool, bool]:
+def hardware_distance(task: SearchTask, record: Record) -> tuple[bool, bool, bool, bool]:
     """How far the hardware ``record`` was tuned for is from ``task``'s, for sorting records nearest first
     (a stable sort keeps them fastest first within each step): another vector width changes the code, another
-    CPU its caches and latencies, another core count the parallel split. A record of another machine stays a
-    seed, only a later one."""
+    CPU its caches and latencies, another core count the parallel split; last, a record measured on another
+    machine than this one (the same target's code run on another CPU: Zen 5 ran the AVX2 training logs).
+    A record of another machine stays a seed, only a later one."""
     mine, theirs = task.hardware_params, record.task.hardware_params
     return (theirs.vector_unit_bytes != mine.vector_unit_bytes,
             record.task.target.attrs.get("mcpu", "") != task.target.attrs.get("mcpu", ""),
-            theirs.num_cores != mine.num_cores)
+            theirs.num_cores != mine.num_cores,
+            record.machine != host_machine(physical_cores()))
 
 
 def best_of(records: Sequence[Record], task: SearchTask) -> Record:
