@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import math
 import os
 import platform
 from dataclasses import dataclass
@@ -142,13 +141,6 @@ class MachineFacts:
     @property
     def vector_bytes(self) -> int:
         return 64 if "avx512f" in self.isa else 32 if "avx2" in self.isa else 16
-
-    def distance(self, other: "MachineFacts") -> tuple[int, int, float]:
-        """How far ``other`` is from this machine, for sorting seeds nearest first: the vector width
-        differs, the units differ, then how far the caches and cores are (log ratios summed)."""
-        far = sum(abs(math.log2(max(a, 1) / max(b, 1))) for a, b in zip(self.caches_kib, other.caches_kib))
-        far += abs(math.log2(self.cores / other.cores))
-        return (int(self.vector_bytes != other.vector_bytes), len(set(self.isa) ^ set(other.isa)), far)
 
 
 def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int, int]:

@@ -42,7 +42,7 @@ from ..state.access import IterKind
 from ..state.transform_steps.split import SplitStep, divisors, padded_extents
 from ..state.transform_steps.placement import ComputeInlineStep
 from ..state.transform_steps.stages import CacheReadStep
-from ..host_cpu import host_machine
+from ..host_cpu import MachineFacts, host_machine
 from ..target import physical_cores, shipped_file
 from ..task.search_task import SearchTask
 from .records import Record, load_records
@@ -320,9 +320,10 @@ class ScheduleDatabase:
 
     def seeds(self, task: SearchTask, limit: int = SEEDS_PER_TASK) -> list[State]:
         """Up to ``limit`` states for ``task``: its workload's records, else refitted neighbours'."""
+        here = host_machine(physical_cores())
         if task.workload_key in self.index:
             own = self.records(task.workload_key)
-            candidates = sorted(own, key=lambda r: hardware_distance(task, r))
+            candidates = sorted(own, key=lambda r: hardware_distance(task, r, here))
         else:
             sig, flops, constants = signature(task), max(task.compute_dag.flop_ct, 1.0), constant_reads(task)
             kin = {k: kinship for k, e in self.index.items() if (kinship := Kinship.of(e.signature, sig)) is not None}
@@ -330,7 +331,7 @@ class ScheduleDatabase:
             same = [k for k, kinship in kin.items() if kinship == closest]
             keys = sorted(same, key=lambda k: (self.index[k].constants != constants,
                                                abs(math.log(max(self.index[k].flops, 1.0) / flops))))
-            candidates = [best_of(recs, task) for recs in map(self.records, keys[:limit]) if recs]
+            candidates = [best_of(recs, task, here) for recs in map(self.records, keys[:limit]) if recs]
         states: list[State] = []
         seen: set = set()
         for rec in candidates:
@@ -346,22 +347,22 @@ class ScheduleDatabase:
         return states
 
 
-def hardware_distance(task: SearchTask, record: Record) -> tuple[bool, bool, bool, bool]:
+def hardware_distance(task: SearchTask, record: Record, here: MachineFacts) -> tuple[bool, bool, bool, bool]:
     """How far the hardware ``record`` was tuned for is from ``task``'s, for sorting records nearest first
     (a stable sort keeps them fastest first within each step): another vector width changes the code, another
     CPU its caches and latencies, another core count the parallel split; last, a record measured on another
-    machine than this one (the same target's code run on another CPU: Zen 5 ran the AVX2 training logs).
+    machine than ``here`` (the same target's code run on another CPU: Zen 5 ran the AVX2 training logs).
     A record of another machine stays a seed, only a later one."""
     mine, theirs = task.hardware_params, record.task.hardware_params
     return (theirs.vector_unit_bytes != mine.vector_unit_bytes,
             record.task.target.attrs.get("mcpu", "") != task.target.attrs.get("mcpu", ""),
             theirs.num_cores != mine.num_cores,
-            record.machine != host_machine(physical_cores()))
+            record.machine != here)
 
 
-def best_of(records: Sequence[Record], task: SearchTask) -> Record:
+def best_of(records: Sequence[Record], task: SearchTask, here: MachineFacts) -> Record:
     """The fastest of ``records`` (sorted fastest first) tuned on the hardware nearest ``task``'s."""
-    return min(records, key=lambda r: hardware_distance(task, r))
+    return min(records, key=lambda r: hardware_distance(task, r, here))
 
 
 def seed_states(task: SearchTask, limit: int = SEEDS_PER_TASK) -> list[State]:
