@@ -58,6 +58,7 @@ def stray_processes(title: str) -> list:
     return found
 
 
+@pytest.mark.timing  # its restarts are timed (elapsed < 150 s): 193 s beside two other workers in CI
 def test_faults_cost_one_candidate_each(local_ray):
     matmul = SearchTask.from_workload("matmul-128")
     inputs = [
