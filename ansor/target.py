@@ -308,3 +308,15 @@ def hardware_params(target: tvm.target.Target, overrides: Optional[dict[str, int
     if overrides:
         params = HardwareParams(**{**asdict(params), **overrides})
     return params
+
+
+def target_label(target) -> str:
+    """``llvm -mcpu=... -mattr=... -num-cores=N``: the short form of a CPU target for a first line."""
+    attrs = target.attrs
+    words = [str(target.kind.name)]
+    for key in ("mcpu", "mtriple", "num-cores"):
+        if key in attrs:
+            words.append(f"-{key}={attrs[key]}")
+    if "mattr" in attrs and len(attrs["mattr"]):
+        words.append("-mattr=" + ",".join(map(str, attrs["mattr"])))
+    return " ".join(words)

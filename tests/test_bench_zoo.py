@@ -66,7 +66,8 @@ def test_a_model_whose_tuning_finished_is_not_tuned_again(tmp_path):
 
 
 def _args(**kw):
-    defaults = dict(minutes=0.1, n_trials=10, repeat=1, pause=0.0, rounds=0, metaschedule=False, reuse_timings=False)
+    defaults = dict(minutes=0.1, n_trials=10, repeat=1, pause=0.0, rounds=0, metaschedule=False, reuse_timings=False,
+                    precision="fp32")
     return argparse.Namespace(**{**defaults, **kw})
 
 

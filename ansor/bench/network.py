@@ -56,6 +56,7 @@ from typing import Any, Iterator, Sequence
 
 
 from ..errors import AnsorError, short_message
+from ..networks.bf16 import FP32_RTOL
 from .docs import Provenance
 from .in_turn import model_flags
 from .network_report import DEFAULT, OURS, ModelReport, TaskRow, plot, print_report, write_docs
@@ -97,7 +98,7 @@ def tune(onnx: Path, log: Path, minutes: float, n_trials: int, flags: Sequence[s
 
 def tune_flags(args: argparse.Namespace) -> list[str]:
     """The ``ansor tune`` flags that ``ansor bench``'s own flags ask for."""
-    return ["--no-pretrained"] if args.no_pretrained else []
+    return (["--no-pretrained"] if args.no_pretrained else []) + ["--precision", args.precision]
 
 
 def tune_metaschedule(extraction, target, trials: int, work_dir: str):
@@ -171,17 +172,18 @@ def evaluate(report: ModelReport, extraction, log: Path, start: float, target, r
 
 
 def alternate(report: ModelReport, tuned, default, extraction, onnx: Path, feed: dict, threads: int, rounds: int,
-              repeat: int, pause: float, target) -> None:
-    """Time the tuned build, the default build, ONNX Runtime and OpenVINO in turn, ``rounds`` times. On a
-    shared machine a burst of load can land on one timing of one contender; taken in turn, every contender
-    meets the same bursts, and the per-round medians and wins are the comparison to trust."""
+              repeat: int, pause: float, target, openvino_precision: str = "f32") -> None:
+    """Time the tuned build, the default build, ONNX Runtime and OpenVINO (in ``openvino_precision``: its
+    default for a bf16 run) in turn, ``rounds`` times. On a shared machine a burst of load can land on one
+    timing of one contender; taken in turn, every contender meets the same bursts, and the per-round medians
+    and wins are the comparison to trust."""
     from ..networks import time_network
     for _ in range(rounds):
         for name, executable in ((OURS, tuned), (DEFAULT, default)):
             time.sleep(pause)
             ms = time_network(executable, extraction.network, target=target, repeat=repeat).median_ms
             report.rounds.setdefault(name, []).append(ms)
-        for peer in (onnxruntime_peer, openvino_peer):
+        for peer in (onnxruntime_peer, lambda *a: openvino_peer(*a, precision=openvino_precision)):
             time.sleep(pause)
             result = peer(str(onnx), feed, threads, repeat)
             if not result.missing:
@@ -220,8 +222,10 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
                 torch_name: str | None) -> ModelReport:
     """Tune ``onnx`` (or read ``args.log``), then :func:`measure` it."""
     from ..networks import extract, load_onnx
-    report = ModelReport(name)
-    log = Path(args.log) if args.log else work / f"{name}.json"
+    from ..task.precision import Precision
+    report = ModelReport(name, precision=args.precision)
+    suffix = "" if args.precision == "fp32" else f"-{args.precision}"
+    log = Path(args.log) if args.log else work / f"{name}{suffix}.json"
     start = time.time()
     if not args.log:
         print(f"{name}: tuning for up to {args.minutes:g} minutes ...", flush=True)
@@ -233,7 +237,7 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
         report.trials = len(records)
         start = min((r.result.timestamp for r in records), default=start)
         report.tuning_s = max((r.result.timestamp for r in records), default=start) - start
-    extraction = extract(load_onnx(onnx), target)
+    extraction = extract(load_onnx(onnx), target, precision=Precision(args.precision))
     return measure(report, onnx, extraction, log, start, args, target, threads, work, torch_name)
 
 
@@ -267,18 +271,20 @@ def measure(report: ModelReport, onnx: Path, extraction, log: Path, start: float
                                        ms.median_ms))
     if args.rounds:
         alternate(report, tuned, default, extraction, onnx, feed, threads, args.rounds, args.repeat, args.pause,
-                  target)
+                  target, ov_default if report.precision != "fp32" and ov_default else "f32")
     ort = next((p for p in report.peers if p.outputs is not None and p.name.startswith("ONNX")), None)
     if ort is not None:
         report.error_vs_ort = max_difference(outputs, ort.outputs)
-        report.vs_ort = compare_all(outputs, ort.outputs)
+        report.vs_ort = compare_all(outputs, ort.outputs, None if report.precision == "fp32" else FP32_RTOL)
         report.reduced = [(p, max_difference(p.outputs, ort.outputs)) for p in report.peers
                           if p.precision != "f32" and p.outputs is not None]
     return report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..arguments import MINUTES, REPEATS, TRIALS, ExistingFile, Number, OutputDir, OutputFile, Text
+    from ..arguments import (
+        MINUTES, REPEATS, TRIALS, ExistingFile, Number, OutputDir, OutputFile, Text, add_precision_arg,
+    )
     parser.add_argument("--models", nargs="+", default=None, metavar="NAME", type=Text("a model name", "bert"),
                         help="built-in networks, exported from their PyTorch definitions (default: "
                              f"{' '.join(MODELS)}; needs the torch extra); with --zoo, the zoo's models "
@@ -295,6 +301,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tune from a cold start (ansor tune --no-pretrained): without the shipped pretrained "
                              "cost model and schedule database, which hold records of resnet-50, bert and "
                              "some zoo models (docs/pretrained.md)")
+    add_precision_arg(parser)
     parser.add_argument("--log", default=None, type=ExistingFile("a tuning log", "logs/net.json"),
                         help="evaluate this tuning log instead of tuning (one model)")
     parser.add_argument("--metaschedule", action="store_true",
@@ -344,6 +351,9 @@ def setup(args: argparse.Namespace) -> Setup:
     OpenVINO and PyTorch get as many), the work dir and the machine's peak; prints them."""
     from ..target import host_target
     target = host_target()
+    if args.precision != "fp32":
+        from ..sketch.tensor_rules import require_bf16_unit
+        require_bf16_unit(target)
     threads = int(target.attrs["num-cores"])
     os.environ["TVM_NUM_THREADS"] = str(threads)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="ansor-bench-network-"))

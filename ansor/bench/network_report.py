@@ -22,6 +22,7 @@ class ModelReport:
     """Everything measured for one model."""
 
     name: str
+    precision: str = "fp32"  # what ansor computed in (--precision): which runtimes its ratio is taken against
     tuning_s: float = float("nan")
     trials: int = 0
     selection: str = ""  # ansor tune's network-level selection line
@@ -52,10 +53,16 @@ class ModelReport:
             return float(np.median([d / t for t, d in zip(self.rounds[OURS], self.rounds[DEFAULT])]))
         return self.default_ms / self.tuned_ms
 
-    def fastest_f32(self) -> Optional[PeerResult]:
-        """The fastest float32 runtime of the one-after-another timings, if any ran."""
-        f32 = [p for p in self.peers if not p.missing and p.precision == "f32"]
-        return min(f32, key=lambda p: p.median_ms) if f32 else None
+    def fastest_peer(self) -> Optional[PeerResult]:
+        """The fastest runtime of the one-after-another timings that ansor is compared with, if any ran: in
+        fp32 the float32 ones; in bf16 every one, each in its default precision (what a user gets)."""
+        peers = [p for p in self.peers if not p.missing and (p.precision == "f32" or self.precision != "fp32")]
+        return min(peers, key=lambda p: p.median_ms) if peers else None
+
+    @property
+    def peers_label(self) -> str:
+        """What :meth:`fastest_peer` is, for a line of text."""
+        return "fastest float32 runtime" if self.precision == "fp32" else "fastest runtime (its default precision)"
 
     def in_network_over_alone(self) -> float:
         """The tuned tasks' time in the network over their time alone during tuning (the tasks whose state
@@ -97,8 +104,9 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
     for p in report.peers:
         if p.missing:
             print(f"{p.name:<44}{'missing':>10}  ({p.missing})")
-    fastest = report.fastest_f32()
-    print(f"ansor / fastest float32 runtime: {report.tuned_ms / (fastest.median_ms if fastest else np.nan):.2f}; ansor's output vs ONNX Runtime's: max "
+    fastest = report.fastest_peer()
+    print(f"ansor / {report.peers_label}: {report.tuned_ms / (fastest.median_ms if fastest else np.nan):.2f}; "
+          f"ansor's output vs ONNX Runtime's: max "
           f"|difference| {report.error_vs_ort:.2e} of the output's scale")
     for peer, error in report.reduced:
         print(f"not in that ratio: {peer.name} computes in {peer.precision}, its output vs ONNX Runtime's: max "
@@ -109,7 +117,7 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
             print(f"  {name:<42}{' '.join(f'{m:7.2f}' for m in ms)}   median {np.median(ms):.2f}")
         ratios = report.in_turn_ratios()
         if ratios:
-            print(f"ansor / fastest float32 runtime, in turn: median of the rounds' ratios {np.median(ratios):.2f} "
+            print(f"ansor / {report.peers_label}, in turn: median of the rounds' ratios {np.median(ratios):.2f} "
                   f"({' '.join(f'{r:.2f}' for r in ratios)}); faster than every runtime in "
                   f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds")
         if DEFAULT in report.rounds:
@@ -177,11 +185,26 @@ RESULT_NOTE = ("Each model: batch 1, float32, every contender with this machine'
                "tuning, over the tasks whose state was timed in full alone (not only probed by one run).")
 
 
+#: The note under a bf16 table, instead of :data:`RESULT_NOTE`'s first sentence.
+BF16_NOTE = ("Each model: batch 1, ansor in bf16 (convolutions' and dense layers' inputs rounded to bf16, sums "
+             "fp32), every runtime in its default precision on this CPU (OpenVINO's is bf16 where the CPU has "
+             "native bf16), all with this machine's physical cores as threads; \"output vs ONNX Runtime\" is "
+             "ansor's error against ONNX Runtime's float32 output, OpenVINO's own is printed by the run. "
+             + RESULT_NOTE.split("; ", 1)[1])
+
+
+def result_header(precision: str) -> tuple[str, ...]:
+    """:data:`RESULT_HEADER` for a run in ``precision`` (bf16 runs are compared with every runtime)."""
+    if precision == "fp32":
+        return RESULT_HEADER
+    return tuple("fastest runtime" if h == "fastest f32 runtime" else h for h in RESULT_HEADER)
+
+
 def result_cells(r: ModelReport) -> tuple[tuple[str, ...], float]:
     """One model's cells under :data:`RESULT_HEADER`, and its ratio to the fastest float32 runtime (the in-turn
     median, else the one-after-another ratio; NaN without a runtime)."""
     turn = r.in_turn_ratios()
-    fastest = r.fastest_f32()
+    fastest = r.fastest_peer()
     ratio = float(np.median(turn)) if turn else (r.tuned_ms / fastest.median_ms if fastest else float("nan"))
     cells = (f"{r.tuned_ms:.2f}", f"{fastest.name} {fastest.median_ms:.2f}" if fastest else "none",
              f"**{ratio:.2f}**", f"{sum(x < 1 for x in turn)} of {len(turn)}" if turn else "-",
@@ -219,7 +242,8 @@ def write_summary(root: Path, what: str, rows: list[tuple[str, str, str]], geome
 def write_docs(root: Path, reports: list[ModelReport], provenance: Provenance, args: argparse.Namespace) -> None:
     """This run's table as this CPU kind's section of ``root/docs/benchmarks.md``, and as the summary of
     ``root/README.md`` (between its ``generated: network-summary`` markers, when it has them)."""
-    header = ("model", *RESULT_HEADER, "output vs ONNX Runtime")
+    bf16 = bool(reports) and reports[0].precision != "fp32"
+    header = ("model", *result_header(reports[0].precision if reports else "fp32"), "output vs ONNX Runtime")
     rows, ratios, summary = [], [], []
     for r in reports:
         cells, ratio = result_cells(r)
@@ -228,9 +252,12 @@ def write_docs(root: Path, reports: list[ModelReport], provenance: Provenance, a
         summary.append(summary_row(r.name, cells))
     geomean, count = geometric_mean(ratios)
     table = markdown_table(header, rows, f"<{RESULT_ALIGN}>")
-    body = (f"## Networks after {args.minutes:g} minutes of tuning each\n\n{provenance.markdown()}\n{table}\n\n"
-            f"Geometric mean of ansor / fastest float32 runtime: **{geomean:.2f}** over {count} models. "
-            f"{RESULT_NOTE}\n")
-    write_section(root / "docs" / "benchmarks.md", section_key("network", provenance.cpu), body)
-    write_summary(root, f"Networks after {args.minutes:g} minutes of tuning each", summary, geomean, provenance)
+    what = f"Networks{' in bf16' if bf16 else ''} after {args.minutes:g} minutes of tuning each"
+    body = (f"## {what}\n\n{provenance.markdown()}\n{table}\n\n"
+            f"Geometric mean of ansor / {reports[0].peers_label if reports else 'fastest runtime'}: "
+            f"**{geomean:.2f}** over {count} models. {BF16_NOTE if bf16 else RESULT_NOTE}\n")
+    write_section(root / "docs" / "benchmarks.md", section_key("network-bf16" if bf16 else "network", provenance.cpu),
+                  body)
+    if not bf16:  # the README's summary is the fp32 comparison
+        write_summary(root, what, summary, geomean, provenance)
     print(f"wrote {root / 'docs' / 'benchmarks.md'}")

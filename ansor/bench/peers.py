@@ -144,10 +144,11 @@ def torch_peer(network: str, batch_size: int, threads: int, repeat: int) -> Peer
     return PeerResult(f"PyTorch {torch.__version__.split('+')[0]} eager", timing.mean_ms, timing.median_ms)
 
 
-def compare_all(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> Optional["OutputComparison"]:
+def compare_all(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
+                rtol: Optional[float] = None) -> Optional["OutputComparison"]:
     """Every output of two runs compared as :func:`ansor.networks.compare_outputs` compares two builds (the
-    largest absolute difference against ``atol + rtol * scale``, its default tolerances); None when the
-    outputs differ in number or shape."""
+    largest absolute difference against ``atol + rtol * scale``, its default tolerances unless ``rtol`` is
+    given); None when the outputs differ in number or shape."""
     import inspect
 
     from ..networks import OutputComparison, compare_outputs
@@ -156,7 +157,8 @@ def compare_all(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> Option
     error = max(float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64)))) for g, w in zip(got, want))
     scale = max(float(np.max(np.abs(w))) for w in want)
     defaults = inspect.signature(compare_outputs).parameters
-    return OutputComparison(error, scale, defaults["rtol"].default, defaults["atol"].default)
+    return OutputComparison(error, scale, defaults["rtol"].default if rtol is None else rtol,
+                            defaults["atol"].default)
 
 
 def max_difference(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> float:

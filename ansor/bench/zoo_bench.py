@@ -32,8 +32,8 @@ from typing import Any, Callable, Optional
 
 from ..errors import AnsorError, short_message
 from .docs import Provenance, markdown_table, read_section, section_key, write_section
-from .network_report import (RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, geometric_mean, result_cells,
-                             summary_row, write_summary)
+from .network_report import (BF16_NOTE, RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, geometric_mean,
+                             result_cells, result_header, summary_row, write_summary)
 from .zoo import ZooModel
 
 logger = logging.getLogger("ansor")
@@ -121,12 +121,14 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
                     say: Callable[[str], None] = logger.info) -> ZooResult:
     """Export, import, build, tune (unless done) and measure one model; a failure at any stage is caught as
     an :class:`~ansor.errors.AnsorError` and becomes the result's error (and the status file's)."""
+    from ..task.precision import Precision
     from .network import measure, tune, tune_flags
     from .zoo import export
-    status = read_status(work, model.name)
+    key = run_key(model.name, args.precision)  # a bf16 run's log and status beside the fp32 run's
+    status = read_status(work, key)
     result = ZooResult(model)
-    log = log_path(work, model.name)
-    tuned = not needs_tuning(work, model.name, args.minutes)
+    log = log_path(work, key)
+    tuned = not needs_tuning(work, key, args.minutes)
     if args.reuse_timings and tuned and status.row and status.minutes == args.minutes:
         say(f"{model.name}: timed on {status.timed or 'an earlier day'}; its stored row goes into the table")
         return ZooResult(model, resumed=True, stored=StoredRow(tuple(status.row), status.ratio, status.timed))
@@ -135,38 +137,48 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
         onnx = export(model, work)
         stage = "import"
         from ..networks import apply_schedules, build, extract, load_onnx
-        extraction = extract(load_onnx(onnx), target)
+        extraction = extract(load_onnx(onnx), target, precision=Precision(args.precision))
         stage = "build"
         default = build(apply_schedules(extraction.mod, extraction.tasks, {}, target=target), target)
         if not tuned:
             stage = "tune"
             if log.exists():
-                aside = log.with_name(f"{model.name}.interrupted.json")
+                aside = log.with_name(f"{key}.interrupted.json")
                 os.replace(log, aside)
                 say(f"{model.name}: an earlier tuning did not finish; its log is kept as {aside}")
             say(f"{model.name}: tuning for up to {args.minutes:g} minutes ...")
             start = time.time()
             tuning_s, trials, _ = tune(onnx, log, args.minutes, args.n_trials, tune_flags(args))
             status = ZooStatus(True, start, tuning_s, trials, minutes=args.minutes)
-            write_status(work, model.name, status)
+            write_status(work, key, status)
         else:
             result.resumed = True
             say(f"{model.name}: tuned by an earlier run ({status.trials} trials in {status.tuning_s / 60:.1f} "
                 f"min); timing its log {log}")
         stage = "evaluate"
-        report = ModelReport(model.name, tuning_s=status.tuning_s, trials=status.trials)
+        report = ModelReport(model.name, args.precision, tuning_s=status.tuning_s, trials=status.trials)
         result.report = measure(report, onnx, extraction, log, status.start, args, target, threads, work, None,
                                 checkpoints=(), default=default)
         row, status.ratio = zoo_row(result)
         status.error, status.row, status.timed = "", list(row), time.strftime("%Y-%m-%d")
     except AnsorError as err:
         if getattr(err, "detail", ""):  # a failed ansor tune: the tail of its stderr, for whoever looks into it
-            log.with_name(f"{model.name}.tune-stderr.txt").write_text(err.detail)
+            log.with_name(f"{key}.tune-stderr.txt").write_text(err.detail)
         result.stage, result.error = stage, short_message(err)
         status.error = f"{stage}: {result.error}"
         say(f"{model.name}: {status.error}")
-    write_status(work, model.name, status)
+    write_status(work, key, status)
     return result
+
+
+def run_key(name: str, precision: str) -> str:
+    """The name of a model's log and status file in the work dir: ``<model>``, ``<model>-bf16`` in bf16."""
+    return name if precision == "fp32" else f"{name}-{precision}"
+
+
+def zoo_section(cpu: str, precision: str) -> str:
+    """The key of the zoo's section of ``docs/benchmarks.md`` for this CPU kind and precision."""
+    return section_key("zoo" if precision == "fp32" else f"zoo-{precision}", cpu)
 
 
 def _escape(text: str) -> str:
@@ -177,7 +189,7 @@ def matches_ort(report: ModelReport) -> str:
     """Whether ansor's outputs match ONNX Runtime's within the scaled tolerance, and the error over the scale."""
     c = report.vs_ort
     if c is None:
-        return "no ONNX Runtime" if report.fastest_f32() is None else "outputs differ in shape"
+        return "no ONNX Runtime" if report.fastest_peer() is None else "outputs differ in shape"
     return f"{'yes' if c.ok else '**no**'} ({c.max_abs_error / max(c.scale, 1e-30):.1e})"
 
 
@@ -198,26 +210,32 @@ def zoo_row(r: ZooResult) -> tuple[tuple[str, ...], float]:
     return (m.name, m.family, "yes", "yes", "-", error, *blank[1:]), math.nan
 
 
-def zoo_rows(results: list[ZooResult]) -> tuple[tuple[str, ...], list[tuple[str, ...]], float, int]:
+def zoo_rows(results: list[ZooResult], precision: str = "fp32"
+             ) -> tuple[tuple[str, ...], list[tuple[str, ...]], float, int]:
     """The zoo's table: header, one row per model, and the geometric mean of ansor / fastest runtime over
     the models that ran."""
     pairs = [zoo_row(r) for r in results]
     geomean, count = geometric_mean([ratio for _, ratio in pairs])
-    return HEADER, [row for row, _ in pairs], geomean, count
+    header = HEADER[:len(HEADER) - len(RESULT_HEADER)] + result_header(precision)
+    return header, [row for row, _ in pairs], geomean, count
 
 
-def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: float) -> str:
+def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: float, precision: str = "fp32") -> str:
     """The zoo's section of ``docs/benchmarks.md``: provenance, the table, the geometric mean, the sources."""
-    header, rows, geomean, count = zoo_rows(results)
+    header, rows, geomean, count = zoo_rows(results, precision)
     table = markdown_table(header, rows, f"<<<<<{RESULT_ALIGN}")
     sources = "; ".join(f"{r.model.name}: `{r.model.source}`" for r in results)
     earlier = ", ".join(f"{r.model.name} ({r.stored.timed or 'undated'})" for r in results if r.stored)
     if earlier:
         sources += (f". Rows timed by earlier runs (`--reuse-timings`; each ratio measured in turn within its "
                     f"own run, the date above is the table's): {earlier}")
-    return (f"## Model zoo after {minutes:g} minutes of tuning each\n\n{provenance.markdown()}\n{table}\n\n"
-            f"Geometric mean of ansor / fastest float32 runtime: **{geomean:.2f}** over the {count} of "
-            f"{len(results)} models that ran. {RESULT_NOTE} \"matches ONNX Runtime\": every output within "
+    bf16 = precision != "fp32"
+    return (f"## Model zoo{' in bf16' if bf16 else ''} after {minutes:g} minutes of tuning each\n\n"
+            f"{provenance.markdown()}\n{table}\n\n"
+            f"Geometric mean of ansor / {ModelReport('', precision).peers_label}: **{geomean:.2f}** over the {count} "
+            f"of {len(results)} models that ran. {BF16_NOTE if bf16 else RESULT_NOTE} \"matches ONNX Runtime\": "
+            f"{'within bf16 tolerance (ansor.networks.bf16.FP32_RTOL) of its float32 output; ' if bf16 else ''}"
+            f"every output within "
             f"the tolerance tuned builds are checked with (`ansor.networks.compare_outputs`), in brackets the "
             f"largest difference over the output's scale. Random weights, batch 1, opset 17; sources: "
             f"{sources}.\n")
@@ -264,11 +282,14 @@ def with_earlier_rows(results: list[ZooResult], earlier: dict[str, StoredRow]) -
     return kept + list(ran.values())
 
 
-def write_zoo_docs(root: Path, results: list[ZooResult], provenance: Provenance, minutes: float) -> Path:
-    """Write the zoo's table as this CPU kind's ``zoo:`` section of ``root/docs/benchmarks.md`` (a rerun
-    replaces it); returns the file."""
+def write_zoo_docs(root: Path, results: list[ZooResult], provenance: Provenance, minutes: float,
+                   precision: str = "fp32") -> Path:
+    """Write the zoo's table as this CPU kind's ``zoo:`` (``zoo-bf16:``) section of ``root/docs/benchmarks.md``
+    (a rerun replaces it), and the README's summary for fp32; returns the file."""
     path = Path(root) / "docs" / "benchmarks.md"
-    write_section(path, section_key("zoo", provenance.cpu), zoo_markdown(results, provenance, minutes))
+    write_section(path, zoo_section(provenance.cpu, precision), zoo_markdown(results, provenance, minutes, precision))
+    if precision != "fp32":
+        return path
     _, rows, geomean, _ = zoo_rows(results)
     width = len(RESULT_HEADER)
     write_summary(Path(root), f"Model zoo after {minutes:g} minutes of tuning each",
@@ -308,15 +329,17 @@ def run_zoo(args: argparse.Namespace) -> int:
     provenance = Provenance.here(cpu_description())
     if args.reuse_timings and args.write_docs:
         docs = Path(args.write_docs) / "docs" / "benchmarks.md"
-        earlier = earlier_rows(docs, section_key("zoo", provenance.cpu), args.minutes)
+        earlier = earlier_rows(docs, zoo_section(provenance.cpu, args.precision), args.minutes)
         results = with_earlier_rows(results, earlier)
         print(f"{sum(r.model not in models for r in results)} rows of models not in this run kept from {docs}")
-    header, rows, geomean, count = zoo_rows(results)
-    print(f"\n== model zoo, {args.minutes:g} minutes of tuning each ==\n{markdown_table(header, rows)}\n"
-          f"geometric mean of ansor / fastest float32 runtime: {geomean:.2f} over {count} of {len(results)} models")
+    header, rows, geomean, count = zoo_rows(results, args.precision)
+    print(f"\n== model zoo, {args.precision}, {args.minutes:g} minutes of tuning each ==\n"
+          f"{markdown_table(header, rows)}\n"
+          f"geometric mean of ansor / {ModelReport('', args.precision).peers_label}: {geomean:.2f} over {count} of "
+          f"{len(results)} models")
     if args.plot:
         plot([r.report for r in results if r.report is not None], args.plot)
     if args.write_docs:
-        path = write_zoo_docs(Path(args.write_docs), results, provenance, args.minutes)
+        path = write_zoo_docs(Path(args.write_docs), results, provenance, args.minutes, args.precision)
         print(f"wrote {path}")
     return 0

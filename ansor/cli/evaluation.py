@@ -47,11 +47,20 @@ def evaluate_network(extraction, log: os.PathLike | Sequence[os.PathLike], targe
     default_mod = apply_schedules(extraction.mod, extraction.tasks, {}, target=target)
     tuned_exe, default_exe = build(tuned_mod, target), build(default_mod, target)
     net = extraction.network
-    comparison = compare_outputs(net, tuned_exe, default_exe, target)
+    comparison = compare_outputs(net, tuned_exe, default_exe, target, rtol=extraction.output_rtol)
     default = time_network(default_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
     tuned = time_network(tuned_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
     return NetworkEvaluation(default, tuned, comparison, tuned_task_count(extraction.tasks, log, target),
                              len(extraction.tasks), tuned_exe)
+
+
+def error_against_fp32(net, extraction, executable, target):
+    """How far ``executable`` (a build of ``extraction``, e.g. in bf16) is from the fp32 default build of
+    ``net`` on the same inputs: an :class:`~ansor.networks.OutputComparison`."""
+    from ..networks import apply_schedules, build, compare_outputs, extract
+    fp32 = extract(net, target)
+    reference = build(apply_schedules(fp32.mod, fp32.tasks, {}, target=target), target)
+    return compare_outputs(extraction.network, executable, reference, target, reference_network=fp32.network)
 
 
 def pool_setting(executable, network, target) -> dict:

@@ -1,7 +1,8 @@
 """Log files of the scripts: checks on ``--log-file``, and the ``<network>-b<batch>.json`` naming convention.
 
-A network's log is called ``<network>-b<batch>.json``, so the network and batch of a log can be read back
-from its name (:func:`log_name`, :func:`network_from_log_name`).
+A network's log is called ``<network>-b<batch>.json`` (``<network>-b<batch>-bf16.json`` when tuned in bf16), so
+the network, batch and precision of a log can be read back from its name (:func:`log_name`,
+:func:`network_from_log_name`, :func:`precision_from_log_name`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Optional
 
 from ..errors import RecordError
 
-_LOG_NAME = re.compile(r"^(?P<network>.+)-b(?P<batch>\d+)$")
+_LOG_NAME = re.compile(r"^(?P<network>.+)-b(?P<batch>\d+)(?:-(?P<precision>bf16))?$")
 
 
 def check_log_file(log_file: Path, *, must_exist: bool = False, resume: bool = False) -> None:
@@ -26,12 +27,18 @@ def check_log_file(log_file: Path, *, must_exist: bool = False, resume: bool = F
         raise RecordError(f"log {log_file} does not exist")
 
 
-def log_name(network: str, batch_size: int) -> str:
-    """The default log file name of a network: ``<network>-b<batch>.json``."""
-    return f"{network}-b{batch_size}.json"
+def log_name(network: str, batch_size: int, precision: str = "fp32") -> str:
+    """The default log file name of a network: ``<network>-b<batch>.json``, ``-bf16`` before ``.json`` in bf16."""
+    return f"{network}-b{batch_size}{'' if precision == 'fp32' else '-' + precision}.json"
 
 
 def network_from_log_name(path: os.PathLike) -> Optional[tuple[str, int]]:
     """``(network, batch)`` from a log named ``<network>-b<batch>.json``, else ``None``."""
     match = _LOG_NAME.match(Path(path).stem)
     return (match["network"], int(match["batch"])) if match else None
+
+
+def precision_from_log_name(path: os.PathLike) -> str:
+    """``bf16`` for a log named ``<network>-b<batch>-bf16.json``, else ``fp32``."""
+    match = _LOG_NAME.match(Path(path).stem)
+    return "bf16" if match and match["precision"] else "fp32"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Optional, Sequence
 
 from ..arguments import MEMORY_GIB, ray_address_type
@@ -56,3 +57,16 @@ def add_build_memory_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--build-memory-gib", type=MEMORY_GIB, default=None, metavar="G",
                         help="memory cap of each build worker in GiB; a build that needs more fails "
                              "(default: 3/4 of a node's memory / its CPUs, at least 2)")
+
+
+def network_precision(args: argparse.Namespace, target, log: Optional[os.PathLike] = None):
+    """The :class:`~ansor.task.precision.Precision` of ``--precision`` (or of ``log``'s name), checked
+    against the target: bf16 on a target without the bf16 dot product is one error line."""
+    from ..task.precision import Precision
+    from .logs import precision_from_log_name
+    from ..sketch.tensor_rules import require_bf16_unit
+    text = args.precision or (precision_from_log_name(log) if log is not None else "fp32")
+    precision = Precision(text)
+    if precision is Precision.BF16:
+        require_bf16_unit(target)
+    return precision

@@ -49,6 +49,7 @@ def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = N
     set_tvm_threads(target)
     if not device_kind(target).device_module:  # a CPU target whose code runs here must run on this CPU
         from ..errors import TargetError
+        from ..target import target_label
         from ..host_cpu import host_cpu
         cpu = host_cpu()
         missing = cpu.missing(target) if runs_here and not (ray_address or os.environ.get("RAY_ADDRESS")) else []
@@ -59,39 +60,13 @@ def parse_target_and_threads(text: Optional[str], ray_address: Optional[str] = N
     return target
 
 
-def require_bf16(target) -> None:
-    """``--precision bf16`` needs a target the search gives the bf16 dot product (not its portable form): one
-    error line naming what is missing and what this CPU has, where it is missing."""
-    from ..errors import TargetError
-    from ..host_cpu import host_cpu
-    from ..sketch.tensor_rules import dot_intrinsic
-    from ..state.tensor_intrin import BF16Intrin
-    if dot_intrinsic(target) is not BF16Intrin.AVX512_DOT_16x2:
-        cpu = host_cpu()
-        raise TargetError(f"--precision bf16 needs the CPU's bf16 dot product (cpuinfo flag avx512_bf16: AMD "
-                          f"Zen 4/5, Intel Xeon 4th gen on), which target {target_label(target)} lacks; this CPU "
-                          f"({cpu.model or 'unknown'}) has {cpu.units}")
-
-
 def announce_target(target) -> None:
     """A tuning command's first line, once its input is checked: the target and, for a CPU target, the
     matrix units this host has (so a user sees whether bf16 or AMX would be there to use)."""
     from ..host_cpu import host_cpu
-    from ..target import device_kind
+    from ..target import device_kind, target_label
     host = "" if device_kind(target).device_module else f"; this host: {host_cpu().describe()}"
     print(f"target: {target_label(target)}{host}", file=sys.stderr)
-
-
-def target_label(target) -> str:
-    """``llvm -mcpu=... -mattr=... -num-cores=N``: the short form of a CPU target for a first line."""
-    attrs = target.attrs
-    words = [str(target.kind.name)]
-    for key in ("mcpu", "mtriple", "num-cores"):
-        if key in attrs:
-            words.append(f"-{key}={attrs[key]}")
-    if "mattr" in attrs and len(attrs["mattr"]):
-        words.append("-mattr=" + ",".join(map(str, attrs["mattr"])))
-    return " ".join(words)
 
 
 def add_log_target_arg(parser: argparse.ArgumentParser) -> None:

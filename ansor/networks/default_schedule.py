@@ -37,6 +37,7 @@ from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
 from ..target import device_kind
 from ..task.search_task import SearchTask
+from ..sketch.tensor_rules import dot_intrinsic, is_bf16_product, product_loops, tile_around_dot
 from ..sketch.annotation import (
     MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, branch_run_lanes, contiguous,
     largest_divisor_at_most, vector_lanes,
@@ -48,6 +49,9 @@ logger = logging.getLogger("ansor")
 UNROLL_STEPS = 16
 #: Output rows (columns of an NHWC image, rows of a matmul) a reduction computes at once from registers.
 REGISTER_ROWS = 8
+#: A bf16 product's register block: rows by 16-channel dot products, 12 accumulators of the 32 zmm
+#: registers (vdpbf16ps: latency 5-6 cycles on two ports wants about 10 in flight). Not yet timed.
+DOT_ROWS, DOT_COLUMNS = 6, 2
 
 
 def default_state(task: SearchTask) -> State:
@@ -59,7 +63,7 @@ def default_state(task: SearchTask) -> State:
         If not even the parallel-only variant replays (:func:`default_tir_schedule` is the way out).
     """
     errors = []
-    for variant in (_packed_vector_parallel, _vector_parallel, _parallel_only):
+    for variant in (_dot_products, _packed_vector_parallel, _vector_parallel, _parallel_only):
         try:
             state = variant(task)
             task.compute_dag.replay(state)  # TVM checks every primitive: only legal schedules pass
@@ -143,6 +147,34 @@ def _packed_vector_parallel(task: SearchTask) -> State:
         raise StepError("no constant weight to pack")
     for sid, buffer in packable:
         state.layout_rewrite(sid, buffer)
+    return state
+
+
+def _dot_products(task: SearchTask) -> State:
+    """Each bf16 product tiled around the target's dot product (:mod:`ansor.sketch.tensor_rules`): a
+    register block of up to :data:`DOT_ROWS` rows by :data:`DOT_COLUMNS` dot products below the whole
+    reduction; parallel outer loops. Raises StepError for a task with no bf16 product."""
+    state = task.compute_dag.init_state()
+    intrin = dot_intrinsic(task.target)
+    tiled = 0
+    for sid in range(len(state.stages)):
+        loops = product_loops(state, sid, intrin) if is_bf16_product(state, sid) else None
+        if loops is None:
+            continue
+        m, q = loops
+        iters = state.stages[sid].iters
+        space = [[1, 1, 1] for _ in range(m)]
+        space[m - 1][2] = largest_divisor_at_most((iters[m - 1].extent or 1) // intrin.loops[0][0], DOT_COLUMNS)
+        if m >= 2:
+            space[m - 2][2] = largest_divisor_at_most(iters[m - 2].extent or 1, DOT_ROWS)
+        state = tile_around_dot(state, sid, intrin, space, [[1]] * q)
+        tiled += 1
+    if not tiled:
+        raise StepError("no bf16 product")
+    _inline_elementwise(state)  # after the tiling: a product's operands are never inlined
+    annotate_parallel(state, task)
+    _unroll_reductions(state)
+    annotate_vectorize(state, random.Random(0))
     return state
 
 

@@ -256,12 +256,12 @@ def compare_outputs(network: Network, executable: tvm.runtime.Executable, refere
 
 
 def check_against_default(extraction: Extraction, tuned: tvm.IRModule, target: TargetLike = None,
-                          seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5) -> OutputComparison:
+                          seed: int = 0, rtol: Optional[float] = None, atol: float = 1e-5) -> OutputComparison:
     """Compare a tuned module's outputs with the default-scheduled build of the same extraction.
 
     Apply-best must never change results: only loop structure differs between the two, so any difference
     beyond rounding is a bug in a schedule.
     """
     default = apply_schedules(extraction.mod, extraction.tasks, {}, target=target)
-    return compare_outputs(extraction.network, build(tuned, target), build(default, target), target, seed, rtol,
-                           atol)
+    return compare_outputs(extraction.network, build(tuned, target), build(default, target), target, seed,
+                           extraction.output_rtol if rtol is None else rtol, atol)

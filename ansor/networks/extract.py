@@ -22,8 +22,10 @@ from tvm import relax
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
 from ..errors import AnsorError, short_message
+from ..task.precision import Precision
 from ..task.search_task import SearchTask
 from ..target import device_kind, hardware_params, parse_target
+from .bf16 import BUILD_RTOL
 from .calls import CALL_TIR_OPS
 from .flatten import flatten_rows, is_reshape
 from .network import Network, NetworkError
@@ -70,6 +72,10 @@ class SkippedFunc:
     reason: str
 
 
+#: How far two fp32 builds of one network may differ, as a share of the output's scale (sums reordered).
+FP32_BUILD_RTOL = 1e-4
+
+
 @dataclass
 class Extraction:
     """The fused module with its tasks and the PrimFuncs left out of the search.
@@ -82,6 +88,12 @@ class Extraction:
     tasks: list[NetworkTask]
     skipped: list[SkippedFunc]
     network: Network
+    precision: Precision = Precision.FP32
+
+    @property
+    def output_rtol(self) -> float:
+        """How far two builds of ``mod`` may differ, as a share of the output's scale (any float rounding)."""
+        return BUILD_RTOL if self.precision is Precision.BF16 else FP32_BUILD_RTOL
 
     @property
     def total_weight(self) -> int:
@@ -170,17 +182,22 @@ def _as_task(func: tvm.tirx.PrimFunc, target: tvm.target.Target, name: str) -> t
 
 
 def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] = None,
-            layout: str = "NHWC", winograd: bool = True, fast_math: bool = True) -> Extraction:
+            layout: str = "NHWC", winograd: bool = True, fast_math: bool = True,
+            precision: Precision = Precision.FP32) -> Extraction:
     """Prepare (CPU targets: see :mod:`.prepare`; ``layout`` is its convolution layout, ``winograd`` whether
     3x3 convolutions become Winograd tasks, ``fast_math`` whether exp, sigmoid, tanh, erf and what uses them
-    become vectorizable approximations), fuse ``network`` and group its PrimFuncs into weighted tasks.
+    become vectorizable approximations, ``precision`` what the convolutions and dense layers compute in), fuse
+    ``network`` and group its PrimFuncs into weighted tasks.
 
     Tasks come out heaviest first (FLOPs times weight), which is the order a progress table wants.
     """
     target = parse_target(target)
+    if precision is not Precision.FP32 and not device_kind(target).prepare_network:
+        raise NetworkError(f"precision {precision.value} is for CPU targets (their bf16 dot product); "
+                           f"target {target.kind.name} computes networks in fp32")
     if device_kind(target).prepare_network:
         network = prepare(network, layout=layout, winograd=winograd, fast_math=fast_math,
-                          vector_bytes=hardware_params(target).vector_unit_bytes)
+                          vector_bytes=hardware_params(target).vector_unit_bytes, precision=precision)
     mod = fuse(network.mod, target)
     counts, n_outputs = call_counts(mod)
     groups: dict[int, list[tuple[str, tvm.tirx.PrimFunc]]] = {}
@@ -206,7 +223,7 @@ def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] 
     _uniquify_names(tasks, long_names)
     logger.info("network %s: %d tasks (%d weighted), %d PrimFuncs skipped", network.name, len(tasks),
                 sum(t.weight for t in tasks), len(skipped))
-    return Extraction(mod, tasks, skipped, network)
+    return Extraction(mod, tasks, skipped, network, precision)
 
 
 def _uniquify_names(tasks: list[NetworkTask], long_names: dict[int, str]) -> None:

@@ -20,7 +20,9 @@ CPU search does best on NHWC convolutions, and the schedule may choose each cons
    convolution with a long reduction whose output channels are not a multiple of the vector length (a
    classifier's 1000 on AVX-512) computes zero channels up to one, and a slice drops them.
 6. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
-   them direct): 16 multiply-adds per output tile and channel pair instead of 36.
+   them direct): 16 multiply-adds per output tile and channel pair instead of 36. In bf16
+   (``precision``), the convolutions and dense layers take bf16 inputs instead (:mod:`.bf16`), all direct:
+   the Winograd transforms would round their inputs' sums and differences to bf16's 8 bits.
 7. **Fast math** (:mod:`.fast_math`, ``fast_math=False`` keeps the exact operators): float32 ``exp``,
    ``sigmoid``, SiLU, ``tanh``, ``erf``, GELU and softmax become vectorizable versions (a few ulps; NaN and
    ±inf as the exact functions). LLVM calls libm's scalar ``expf``/``erff`` per element otherwise: one
@@ -40,6 +42,8 @@ import tvm_ffi
 from tvm import relax, te, topi
 
 from ..errors import short_message
+from ..task.precision import Precision
+from .bf16 import use_bf16
 from .calls import called_prim_func
 from .channel_padding import pad_output_channels
 from .fast_math import use_fast_math
@@ -59,9 +63,10 @@ CHANNELS_LAST = {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv3d": ["NDHWC
 
 
 def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, fast_math: bool = True,
-            winograd: bool = True, vector_bytes: int = 0) -> Network:
+            winograd: bool = True, vector_bytes: int = 0, precision: Precision = Precision.FP32) -> Network:
     """The network ready for extraction on a CPU (see the module notes); ``network`` is left unchanged.
-    ``vector_bytes`` is the width of the CPU's vector registers (0: output channels are never padded)."""
+    ``vector_bytes`` is the width of the CPU's vector registers (0: output channels are never padded);
+    ``precision`` bf16 computes the convolutions and dense layers in bf16 (:mod:`.bf16`), none by Winograd."""
     if layout not in LAYOUTS:
         raise NetworkError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     mod = network.mod
@@ -81,7 +86,9 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
         mod = skip_padding_taps(mod)
         if vector_bytes:
             mod = pad_output_channels(mod, vector_bytes)
-        if winograd:
+        if precision is Precision.BF16:
+            mod = use_bf16(mod)
+        elif winograd:
             mod = winograd_convs(mod)
         if fast_math:
             mod = use_fast_math(mod)

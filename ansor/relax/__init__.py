@@ -5,6 +5,7 @@
     tasks = ansor.relax.extract_tasks(mod, params, target)            # weighted tasks, heaviest first
     ansor.relax.tune_relax(mod, params, target, "net.json", trials=500, database="tuning-db")
     exe = ansor.relax.compile_relax(mod, params, "net.json", target)  # -> Relax VM executable
+    # bf16 (a CPU with AVX512_BF16): precision=Precision.BF16 (ansor.task.precision) to both calls
     ansor.relax.export(exe, "deploy/")                                  # model.so + model.json + README.md
 
 ``mod`` comes from ``relax.frontend.nn`` (``export_tvm``), ``relax.frontend.onnx``,

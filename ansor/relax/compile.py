@@ -20,6 +20,7 @@ from ..networks import NetworkTask, apply_schedules, apply_history_best, build, 
 from ..networks.extract import standalone
 from ..networks.network import Network
 from ..log.records import best_records, load_records
+from ..task.precision import Precision
 from ..task.search_task import LogSource, SearchTask, TargetLike, prim_func_key
 from ..target import parse_target, target_to_str
 from .export import Signature, attach_signature
@@ -28,14 +29,15 @@ from .model import Params, as_network
 logger = logging.getLogger("ansor")
 
 
-def compile_network(network: Network, log_file: Optional[LogSource], target: TargetLike = None
-                    ) -> tvm.runtime.Executable:
-    """Build ``network`` with the best schedules of ``log_file`` (a log, logs, a database or ``None``).
+def compile_network(network: Network, log_file: Optional[LogSource], target: TargetLike = None,
+                    precision: Precision = Precision.FP32) -> tvm.runtime.Executable:
+    """Build ``network`` with the best schedules of ``log_file`` (a log, logs, a database or ``None``),
+    in ``precision`` (the tuning's).
 
     The executable carries its call signature, so :func:`~ansor.relax.export` needs nothing else.
     """
     target = parse_target(target)
-    extraction = extract(network, target)
+    extraction = extract(network, target, precision=precision)
     paths = log_paths(log_file) if log_file is not None else []
     if paths:
         mod = apply_history_best(extraction.mod, extraction.tasks, paths, target=target)
@@ -47,16 +49,16 @@ def compile_network(network: Network, log_file: Optional[LogSource], target: Tar
 
 
 def compile_relax(mod: tvm.IRModule, params: Params = None, log_file: Optional[LogSource] = None,
-                  target: TargetLike = None) -> tvm.runtime.Executable:
+                  target: TargetLike = None, precision: Precision = Precision.FP32) -> tvm.runtime.Executable:
     """Compile a Relax module with the tuned schedules of ``log_file``; returns a Relax VM executable.
 
     ``params`` (weights by parameter name) are bound as constants, as in :func:`~ansor.relax.tune_relax`
-    (give both the same ``params`` and target, or the workload keys differ). ``log_file``: a log, a list
+    (give both the same ``params``, target and ``precision``, or the workload keys differ). ``log_file``: a log, a list
     of logs, a :class:`~ansor.log.database.Database`, or ``None`` for the default schedules only. Run it with
     ``relax.VirtualMachine(executable, tvm.cpu())[entry](*inputs)``; save it with
     :func:`~ansor.relax.export`.
     """
-    return compile_network(as_network(mod, params), log_file, target)
+    return compile_network(as_network(mod, params), log_file, target, precision)
 
 
 @tvm.transform.module_pass(opt_level=0, name="ansor.PrepareAndFuse")
@@ -68,13 +70,15 @@ class PrepareAndFuse:
     records. Weights to bind go in first (``relax.transform.BindParams``); inputs need static shapes.
     """
 
-    def __init__(self, target: TargetLike = None, entry: Optional[str] = None):
+    def __init__(self, target: TargetLike = None, entry: Optional[str] = None,
+                 precision: Precision = Precision.FP32):
         self.target = target
         self.entry = entry
+        self.precision = precision
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         target = parse_target(self.target if self.target is not None else tvm.target.Target.current(allow_none=True))
-        return extract(as_network(mod, None, entry=self.entry), target).mod
+        return extract(as_network(mod, None, entry=self.entry), target, precision=self.precision).mod
 
 
 @tvm.transform.module_pass(opt_level=0, name="ansor.ApplyHistoryBest")

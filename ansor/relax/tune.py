@@ -28,6 +28,7 @@ from ..networks import NetworkTask, default_candidates, extract
 from ..log.records import Record
 from ..log.seeds import seed_states
 from ..state.loop_state import State
+from ..task.precision import Precision
 from ..task.search_task import SearchTask, TargetLike
 from ..tuning import TuningOptions, log_history, log_path, make_cost_model, measuring_into, with_trials
 from .model import Params, as_network
@@ -83,12 +84,14 @@ class NetworkTuneResult:
                 f"{len(self.reused)} tasks from the database; {total}; log {self.log_file}")
 
 
-def extract_tasks(mod, params: Params = None, target: TargetLike = None) -> list[NetworkTask]:
-    """The weighted tuning tasks of any Relax module (``params`` by name are bound as constants first).
+def extract_tasks(mod, params: Params = None, target: TargetLike = None,
+                  precision: Precision = Precision.FP32) -> list[NetworkTask]:
+    """The weighted tuning tasks of any Relax module (``params`` by name are bound as constants first;
+    ``precision`` bf16: convolutions and dense layers in bf16, see :mod:`ansor.networks.bf16`).
 
     The fused module and the PrimFuncs left out are in ``ansor.networks.extract(as_network(mod, params))``.
     """
-    return extract(as_network(mod, params), target).tasks
+    return extract(as_network(mod, params), target, precision=precision).tasks
 
 
 def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], trials: Optional[int] = None, *,
@@ -169,11 +172,12 @@ def first_candidates(task: SearchTask, pretrained: bool) -> list[State]:
 
 
 def tune_relax(mod, params: Params, target: TargetLike, log_file: Union[str, os.PathLike],
-               trials: Optional[int] = None, **kwargs) -> NetworkTuneResult:
+               trials: Optional[int] = None, *, precision: Precision = Precision.FP32, **kwargs) -> NetworkTuneResult:
     """Extract the tasks of a Relax module and tune them into ``log_file`` (``kwargs``: :func:`tune_tasks`).
 
     ``params``: weights by parameter name, bound as constants (``None``: weights stay runtime inputs).
-    Compile the result with :func:`~ansor.relax.compile_relax` (same ``mod``, ``params`` and target).
+    Compile the result with :func:`~ansor.relax.compile_relax` (same ``mod``, ``params``, target and
+    ``precision``).
     """
-    return tune_tasks(extract_tasks(mod, params, target), log_file, trials, **kwargs)
+    return tune_tasks(extract_tasks(mod, params, target, precision), log_file, trials, **kwargs)
 

@@ -44,10 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ...arguments import REPEATS, ExistingFile
     from ..targets import add_log_target_arg
     from ..networks import add_network_args
+    from ...arguments import add_precision_arg
 
     parser.add_argument("logs", nargs="+", metavar="LOG", type=ExistingFile("a tuning log", "logs/net-b1.json"),
                         help="tuning logs, one network each")
     add_network_args(parser, for_logs=True)
+    add_precision_arg(parser, for_logs=True)
     add_log_target_arg(parser)
     parser.add_argument("--baseline", choices=("auto", "torch", "default"), default="auto",
                         help="what the speedup is over: PyTorch eager where torch is installed and the network "
@@ -68,6 +70,7 @@ def execute(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from ..evaluation import evaluate_network
     from ..networks import network_for_log
+    from ..options import network_precision
     from ..targets import log_target, parse_target_and_threads
     from ..tables import format_table
     from ...networks import extract
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         target = parse_target_and_threads(args.target if args.target else (log_target([log]) or "host"),
                                           runs_here=True)
         print(f"{log}: {net.name} batch {net.batch_size} ...", file=sys.stderr, flush=True)
-        extraction = extract(net, target)
+        extraction = extract(net, target, precision=network_precision(args, target, log))
         ev = evaluate_network(extraction, log, target, repeat=args.repeat)
         threads = ev.tuned.num_threads
         if ev.tuned_tasks == 0:

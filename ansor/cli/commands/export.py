@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ...arguments import ExistingFile, OutputDir
     from ..networks import add_network_args
     from ..options import add_pool_probe_arg
+    from ...arguments import add_precision_arg
     from ..targets import add_log_target_arg
 
     parser.add_argument("log", metavar="LOG", type=ExistingFile("a tuning log", "logs/model-b1.json"),
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="DIR", type=OutputDir("an export directory", "deploy/model"),
                         help="where to write model.so, model.json and README.md (created if missing)")
     add_network_args(parser, for_logs=True)
+    add_precision_arg(parser, for_logs=True)
     add_log_target_arg(parser)
     add_pool_probe_arg(parser, "")
     parser.add_argument("-v", "--verbose", action="store_true", help="log details")
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from ...networks import apply_schedules, apply_history_best, build, compare_outputs, extract
     from ...relax import export_network
     from ..evaluation import pool_setting, tuned_task_count
+    from ..options import network_precision
     from ..networks import network_for_log
     from ..running import EXIT_FAILED
     from ..targets import log_target, parse_target_and_threads
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     log = Path(args.log)
     net = network_for_log(args, log)
     target = parse_target_and_threads(args.target or log_target([log]) or "host")
-    extraction = extract(net, target)
+    extraction = extract(net, target, precision=network_precision(args, target, log))
     tuned = tuned_task_count(extraction.tasks, log, target)
     if tuned == 0:
         print(f"warning: {log} has no valid record of any task of {net.name} batch {net.batch_size} for this "
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     tuned_exe = build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)
     default_exe = build(apply_schedules(extraction.mod, extraction.tasks, {}, target=target), target)
-    cmp_ = compare_outputs(extraction.network, tuned_exe, default_exe, target)
+    cmp_ = compare_outputs(extraction.network, tuned_exe, default_exe, target, rtol=extraction.output_rtol)
     if not cmp_.ok:
         print(f"error: the tuned build's output differs from the default build's: max |difference| "
               f"{cmp_.max_abs_error:.3g} > allowed {cmp_.atol + cmp_.rtol * cmp_.scale:.3g}; a schedule in {log} is "

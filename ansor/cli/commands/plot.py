@@ -37,6 +37,7 @@ SUMMARY = "plot (or write as CSV) a network's tuning curve from its log"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ...arguments import ExistingFile, OutputFile, Text
     from ..networks import add_network_args
+    from ...arguments import add_precision_arg
 
     parser.add_argument("log", metavar="LOG", type=ExistingFile("a tuning log", "logs/net-b1.json"),
                         help="a tuning log of one network")
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", default=None, metavar="FILE.csv", type=OutputFile("a CSV file path", "curve.csv"),
                         help="also (or only) write the curves as CSV: trial, total_ms, one column per task")
     add_network_args(parser, for_logs=True)
+    add_precision_arg(parser, for_logs=True)
     parser.add_argument("--target", default=None, type=Text("a target", "host"),
                         help="use the records of this target (default: the target most of the log's records "
                              "were measured for)")
@@ -97,6 +99,7 @@ def curves(log: Path, extraction, target) -> Curves:
 
 def run(args: argparse.Namespace) -> int:
     from ..networks import network_for_log
+    from ..options import network_precision
     from ..targets import log_target, parse_target_and_threads
     from ...errors import AnsorError
 
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     target = parse_target_and_threads(args.target or log_target([log]) or "host")
     from ...networks import extract
 
-    extraction = extract(net, target)
+    extraction = extract(net, target, precision=network_precision(args, target, log))
     data = curves(log, extraction, target)
     if not data.trials:
         raise AnsorError(f"{log} has no measurement of {net.name} (batch {net.batch_size}) tasks for this target; "

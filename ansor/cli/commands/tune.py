@@ -46,8 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     from ..networks import add_network_args
     from ..options import add_build_memory_arg, add_pool_probe_arg, add_ray_address_arg
+    from ...arguments import add_precision_arg
 
     add_network_args(parser)
+    add_precision_arg(parser)
     parser.add_argument("--n-trials", type=TRIALS, default=1000,
                         help="total measurement budget over all tasks, resumed measurements included "
                              "(default 1000)")
@@ -113,16 +115,17 @@ def execute(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace, log) -> int:
     from ..logs import check_log_file, log_name
     from ..networks import load_network
-    from ..options import open_database
+    from ..options import network_precision, open_database
     from ..targets import announce_target, parse_target_and_threads
 
     if args.select == 1:
         from ...errors import AnsorError
         raise AnsorError("--select 1 compares nothing: give 0 (no selection) or 2 or more states per task")
     target = parse_target_and_threads(args.target, args.ray_address, runs_here=True)  # sets TVM_NUM_THREADS first
+    precision = network_precision(args, target)
     net = load_network(args.network, args.onnx, args.batch_size)
     database = open_database(args.database)
-    name = log_name(net.name, net.batch_size)
+    name = log_name(net.name, net.batch_size, precision.value)
     log_file = Path(args.log_file) if args.log_file else (database.path / name if database else Path("logs") / name)
     check_log_file(log_file, must_exist=args.eval_only and database is None, resume=args.resume)
     announce_target(target)
@@ -130,8 +133,9 @@ def run(args: argparse.Namespace, log) -> int:
     from ...networks import extract
 
     t0 = time.time()
-    extraction = extract(net, target)
-    print(f"{net.name} (batch {net.batch_size}): {len(extraction.tasks)} tasks, {extraction.total_weight} "
+    extraction = extract(net, target, precision=precision)
+    in_bf16 = ", bf16" if precision.value == "bf16" else ""
+    print(f"{net.name} (batch {net.batch_size}{in_bf16}): {len(extraction.tasks)} tasks, {extraction.total_weight} "
           f"weighted occurrences, {len(extraction.skipped)} PrimFuncs not tuned (extracted in "
           f"{time.time() - t0:.1f} s); log: {log_file}", file=sys.stderr)
     if not extraction.tasks:
@@ -229,6 +233,11 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
               f"{', params.bin' if extraction.network.weights else ''})")
     print(f"Output check: tuned == default build (max |difference| {cmp_.max_abs_error:.3g}, allowed "
           f"{cmp_.atol + cmp_.rtol * cmp_.scale:.3g})")
+    if extraction.precision.value != "fp32":
+        from ..evaluation import error_against_fp32
+        err = error_against_fp32(net, extraction, ev.tuned_executable, target)
+        print(f"{extraction.precision.value} error: max |tuned - fp32 default build| {err.max_abs_error:.3g} "
+              f"({err.max_abs_error / max(err.scale, 1e-30):.2%} of the output's scale {err.scale:.3g})")
     print(f"Mean inference time (std dev): {ev.tuned.mean_ms:.3f} ms ({ev.tuned.std_ms:.3f} ms)")
     torch_timing = pytorch_eager(net, target, args.repeat, ev.tuned.num_threads)
     rows = [("default build", ev.default), ("tuned", ev.tuned)]

@@ -83,8 +83,8 @@ def run(args: argparse.Namespace, log) -> int:
     from ...tuning import default_log_path, tune_task
     precision = Precision(args.precision)
     if precision is Precision.BF16:
-        from ..targets import require_bf16
-        require_bf16(target)
+        from ...sketch.tensor_rules import require_bf16_unit
+        require_bf16_unit(target)
     task = SearchTask.from_workload(workload_in(args.wkl, precision), target)
     database = open_database(args.database)
     log_file = Path(args.log_file) if args.log_file else default_log_path(task.workload_key, database)

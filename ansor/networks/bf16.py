@@ -1,0 +1,151 @@
+"""A network's products in bf16, as OpenVINO and oneDNN mean it: each convolution's and dense layer's inputs
+rounded to bf16, every product and sum in fp32, everything else (epilogues, norms, softmax) fp32.
+
+Each eligible ``conv2d`` (NHWC/HWIO, no groups) and ``matmul`` by a constant ``[K, N]`` weight becomes one
+PrimFunc of two stages, the form :class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles around the CPU's
+bf16 dot product:
+
+1. ``A16``: the activation rounded to bf16 bits (``uint16``) at the kernel's load, its padding included;
+2. the product over ``A16`` and the weight, which is rounded and packed **here, once**, in numpy
+   (:func:`pack_weight`), into the k pairs of 16 output channels ``vdpbf16ps`` reads.
+
+The PrimFunc is marked output-element-wise fusable, so ``FuseOps`` gives it the layer's epilogue (bias, ReLU,
+residual add) as for an fp32 convolution. A layer whose output channels are not a multiple of 16 or whose
+reduction has an odd channel count stays fp32 (a classifier of 1000 classes: 1000 = 16 x 62.5).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import numpy as np
+import tvm
+from tvm import relax, te
+
+from ..state.tensor_intrin import bf16_bits, bf16_to_f32, round_to_bf16
+from .calls import mutate_relax_functions
+from .conv_rewrite import bound_constant, ungrouped_nhwc
+
+logger = logging.getLogger("ansor")
+
+#: Output channels per dot product (``vdpbf16ps``: 16 fp32 lanes) and reduction elements per lane (a pair).
+LANES, PAIR = 16, 2
+#: How far two builds of one bf16 network may differ, as a share of the output's scale. Their sums run in
+#: other orders, so an activation near a rounding boundary may round to neighbouring bf16 values (2^-8 of
+#: itself apart) in the two, and the next layers carry that; a wrong schedule is off by the whole scale.
+BUILD_RTOL = 1e-2
+#: How far a bf16 network's output may be from the fp32 network's, as a share of the output's scale:
+#: OpenVINO's bf16 outputs were 4e-3 to 1.2e-2 of it from ONNX Runtime's fp32 on five models (issue 56).
+FP32_RTOL = 5e-2
+#: TVM's op pattern kOutEWiseFusable: an element-wise epilogue fuses into the product, as into a convolution.
+_OUT_FUSABLE = {"op_pattern": 4}
+
+
+def use_bf16(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every eligible convolution and dense layer computed in bf16 (see the module notes)."""
+    mutator = _BF16Products(mod)
+    mod = mutate_relax_functions(mutator)
+    logger.info("bf16: %d convolutions and %d dense layers take bf16 inputs; %d products stay fp32 "
+                "(output channels not a multiple of %d, or an odd reduction)",
+                mutator.convs, mutator.denses, mutator.kept, LANES)
+    return mod
+
+
+def pack_weight(weight: np.ndarray) -> np.ndarray:
+    """A ``[..., K, N]`` weight (HWIO: ``[KH, KW, CI, CO]``; dense: ``[K, N]``) rounded to bf16 bits and packed
+    as ``[N // 16, ..., K // 2, 16, 2]``: each 16 output channels' k pairs side by side."""
+    *taps, k, n = weight.shape
+    bits = round_to_bf16(weight).reshape(*taps, k // PAIR, PAIR, n // LANES, LANES)
+    axes = len(taps)
+    order = (axes + 2, *range(axes), axes, axes + 3, axes + 1)  # n_o, taps..., k_o, n16, k2
+    return np.ascontiguousarray(bits.transpose(order))
+
+
+def packable(weight: np.ndarray) -> bool:
+    """A float32 weight whose output channels fill whole dot products and whose reduction is in pairs."""
+    return weight.dtype == np.float32 and weight.shape[-1] % LANES == 0 and weight.shape[-2] % PAIR == 0
+
+
+def _float32(expr: relax.Expr) -> bool:
+    return str(getattr(expr.ty, "dtype", "")) == "float32"
+
+
+@relax.expr_functor.mutator
+class _BF16Products(relax.PyExprMutator):
+    """Replaces each eligible product by a call of its bf16 PrimFunc and counts what it did."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.convs = self.denses = self.kept = 0
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        op = getattr(call.op, "name", "")
+        if op not in ("relax.nn.conv2d", "relax.matmul"):
+            return call
+        weight = bound_constant(self, call.args[1])
+        new = None if weight is None else (self._conv(call, weight) if op == "relax.nn.conv2d"
+                                           else self._dense(call, weight))
+        if new is None:
+            self.kept += weight is not None and weight.ndim >= 2
+            return call
+        return new
+
+    def _conv(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
+        a = call.attrs
+        if not (ungrouped_nhwc(call) and packable(weight) and _float32(call.args[0])
+                and str(a.out_dtype) in ("", "None", "float32")):
+            return None
+        self.convs += 1
+        return self.builder_.call_te(
+            _conv_product, call.args[0], relax.const(pack_weight(weight), "uint16"), weight.shape[:2],
+            [int(s) for s in a.strides], [int(p) for p in a.padding], [int(d) for d in a.dilation],
+            primfunc_name_hint="bf16_conv2d", primfunc_attrs=_OUT_FUSABLE)
+
+    def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
+        data = call.args[0]
+        shape = getattr(data.ty, "shape", None)
+        if (weight.ndim != 2 or not packable(weight) or not _float32(data) or shape is None
+                or not all(isinstance(d, tvm.tirx.IntImm) for d in shape) or int(shape[-1]) != weight.shape[0]):
+            return None
+        self.denses += 1
+        return self.builder_.call_te(_dense_product, data, relax.const(pack_weight(weight), "uint16"),
+                                     primfunc_name_hint="bf16_dense", primfunc_attrs=_OUT_FUSABLE)
+
+
+def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
+                  padding: list[int], dilation: list[int]) -> te.Tensor:
+    """NHWC output of the convolution of ``data`` (rounded, padded: ``A16``) by the packed weight."""
+    n, h, w, ci = (int(d) for d in data.shape)
+    kh, kw = taps
+    top, left, bottom, right = padding
+    padded = (n, h + top + bottom, w + left + right, ci)
+
+    def rounded(b, y, x, c):
+        if not any(padding):
+            return bf16_bits(data[b, y, x, c])
+        inside = tvm.tirx.all(y >= top, y < h + top, x >= left, x < w + left)
+        value = tvm.tirx.if_then_else(inside, data[b, y - top, x - left, c], tvm.tirx.const(0, "float32"))
+        return bf16_bits(value)
+
+    a16 = te.compute(padded, rounded, name="A16")
+    out_h = (padded[1] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    out_w = (padded[2] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    ry = te.reduce_axis((0, kh), name="ry") if kh > 1 else 0
+    rx = te.reduce_axis((0, kw), name="rx") if kw > 1 else 0
+    rc = te.reduce_axis((0, ci), name="rc")
+    axes = [r for r in (ry, rx) if not isinstance(r, int)] + [rc]
+    return te.compute((n, out_h, out_w, packed.shape[0] * LANES), lambda b, y, x, o: te.sum(
+        bf16_to_f32(a16[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], rc])
+        * bf16_to_f32(packed[o // LANES, ry, rx, rc // PAIR, o % LANES, rc % PAIR]), axis=axes), name="conv_bf16")
+
+
+def _dense_product(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
+    """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight."""
+    *lead, k = (int(d) for d in data.shape)
+    a16 = te.compute(data.shape, lambda *i: bf16_bits(data(*i)), name="A16")
+    r = te.reduce_axis((0, k), name="k")
+    return te.compute((*lead, packed.shape[0] * LANES), lambda *i: te.sum(
+        bf16_to_f32(a16(*i[:-1], r)) * bf16_to_f32(packed[i[-1] // LANES, r // PAIR, i[-1] % LANES, r % PAIR]),
+        axis=r), name="dense_bf16")

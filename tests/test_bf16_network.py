@@ -1,0 +1,215 @@
+"""Networks in bf16: convolutions and dense layers take bf16 inputs (weights packed at build time), tiled by
+the search around the bf16 dot product; the rest stays fp32.
+
+Every build here is real. On a CPU without AVX512_BF16 the products use the intrinsic's portable form (the
+same layouts and loops in fp32 code), so the numerics are checked on any machine; for an AVX512_BF16
+target the same tasks are compiled and their assembly holds ``vdpbf16ps``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import relax as R
+
+import ansor
+from ansor import codegen
+from ansor.bench.network_report import ModelReport, result_cells, result_header
+from ansor.bench.peers import PeerResult
+from ansor.bench.zoo_bench import run_key, zoo_section
+from ansor.cli.logs import log_name, network_from_log_name, precision_from_log_name
+from ansor.host_cpu import host_cpu
+from ansor.log.records import load_records
+from ansor.networks import NetworkError, apply_history_best, apply_schedules, build, compare_outputs, extract
+from ansor.networks.bf16 import BUILD_RTOL, pack_weight
+from ansor.networks.default_schedule import default_state
+from ansor.networks.evaluate import run
+from ansor.relax import as_network, tune_tasks
+from ansor.state.tensor_intrin import TENSORIZE, bf16_bits_to_f32, round_to_bf16
+from ansor.task import program
+from ansor.task.precision import Precision
+
+PORTABLE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2: no bf16 unit
+AVX512_BF16 = {"kind": "llvm", "mcpu": "znver4", "mtriple": "x86_64-linux-gnu", "num-cores": 2}
+BF16 = Precision.BF16
+
+
+@tvm.script.ir_module
+class Dense:
+    @R.function
+    def main(x: R.Tensor((1, 6, 32), "float32"), w: R.Tensor((32, 48), "float32"), b: R.Tensor((48,), "float32")):
+        with R.dataflow():
+            y = R.nn.relu(R.add(R.matmul(x, w), b))
+            R.output(y)
+        return y
+
+
+@tvm.script.ir_module
+class Conv:
+    @R.function
+    def main(x: R.Tensor((1, 9, 9, 4), "float32"), w: R.Tensor((3, 3, 4, 16), "float32")):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, strides=2, padding=1, dilation=1, data_layout="NHWC", kernel_layout="HWIO")
+            R.output(y)
+        return y
+
+
+@tvm.script.ir_module
+class Small:  # two convolutions and a dense layer in bf16; the classifier (10 outputs) stays fp32
+    @R.function
+    def main(x: R.Tensor((1, 9, 9, 4), "float32"), w1: R.Tensor((3, 3, 4, 16), "float32"),
+             w2: R.Tensor((1, 1, 16, 32), "float32"), fc: R.Tensor((32, 48), "float32"),
+             cls: R.Tensor((1200, 10), "float32")):
+        with R.dataflow():
+            c1 = R.nn.relu(R.nn.conv2d(x, w1, strides=2, padding=1, data_layout="NHWC", kernel_layout="HWIO"))
+            c2 = R.nn.conv2d(c1, w2, data_layout="NHWC", kernel_layout="HWIO")
+            d = R.nn.gelu(R.matmul(R.reshape(c2, (1, 25, 32)), fc))
+            y = R.matmul(R.reshape(d, (1, 1200)), cls)
+            R.output(y)
+        return y
+
+
+def params_of(mod, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {v.name: rng.uniform(-0.5, 0.5, [int(d) for d in v.ty.shape.values]).astype("float32")
+            for v in mod["main"].params[1:]}
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to bf16, as float64."""
+    return bf16_bits_to_f32(round_to_bf16(x)).astype(np.float64)
+
+
+def default_build(mod, params, target, precision=BF16):
+    ex = extract(as_network(mod, params), target, precision=precision)
+    return ex, build(apply_schedules(ex.mod, ex.tasks, {}, target=target), target)
+
+
+def tensorized(state) -> bool:
+    return any(it.annotation.startswith(TENSORIZE) for st in state.stages for it in st.iters)
+
+
+def test_weights_are_rounded_and_packed_in_the_dot_products_layout():
+    w = np.random.default_rng(0).standard_normal((3, 3, 4, 32)).astype(np.float32)
+    packed = pack_weight(w)
+    assert packed.dtype == np.uint16 and packed.shape == (2, 3, 3, 2, 16, 2)
+    bits = round_to_bf16(w)
+    for o, kh, kw, c in [(0, 0, 0, 0), (17, 2, 1, 3), (31, 1, 2, 2)]:
+        assert packed[o // 16, kh, kw, c // 2, o % 16, c % 2] == bits[kh, kw, c, o]
+    dense = pack_weight(w[0, 0])  # [K=4, N=32]
+    assert dense.shape == (2, 2, 16, 2) and dense[1, 1, 5, 0] == bits[0, 0, 2, 16 + 5]
+
+
+def test_a_dense_layer_computes_bf16_inputs_with_fp32_sums():
+    params = params_of(Dense)
+    ex, exe = default_build(Dense, params, PORTABLE)
+    [task] = [t for t in ex.tasks if "bf" in t.name]
+    assert tensorized(default_state(task.task))  # the default schedule computes it with the dot product too
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 6, 32)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    want = np.maximum(bf16(x) @ bf16(params["w"]) + params["b"], 0)
+    assert np.abs(got - want).max() <= 32 * 2.0 ** -23 * np.abs(want).max()  # only the fp32 sums' order
+    exact = np.maximum(x.astype(np.float64) @ params["w"] + params["b"], 0)
+    assert np.abs(got - exact).max() > 1e-4  # the inputs were rounded
+
+
+def test_a_strided_padded_convolution_computes_bf16_inputs():
+    params = params_of(Conv)
+    ex, exe = default_build(Conv, params, PORTABLE)
+    assert any("bf" in t.name for t in ex.tasks)
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 9, 9, 4)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    xp = np.pad(bf16(x), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    w = bf16(params["w"])
+    want = sum(xp[:, kh:kh + 9:2, kw:kw + 9:2, :] @ w[kh, kw] for kh in range(3) for kw in range(3))
+    assert got.shape == want.shape == (1, 5, 5, 16)
+    assert np.abs(got - want).max() <= 36 * 2.0 ** -23 * np.abs(want).max()
+
+
+def test_a_network_keeps_fp32_where_the_unit_does_not_fit_and_stays_near_fp32():
+    params = params_of(Small)
+    ex, exe = default_build(Small, params, PORTABLE)
+    names = [t.name for t in ex.tasks]
+    assert sum("bf_conv2d" in n for n in names) == 2 and sum("bf_dense" in n for n in names) == 1, names
+    assert any("matmul" in n and "bf" not in n for n in names), names  # the 10-class classifier
+    fp32, fp32_exe = default_build(Small, params, PORTABLE, Precision.FP32)
+    cmp_ = compare_outputs(ex.network, exe, fp32_exe, PORTABLE, reference_network=fp32.network)
+    assert 1e-6 * cmp_.scale < cmp_.max_abs_error <= BUILD_RTOL * cmp_.scale, cmp_
+    assert ex.output_rtol == BUILD_RTOL and fp32.output_rtol < BUILD_RTOL
+
+
+def test_an_avx512_bf16_target_compiles_network_tasks_to_vdpbf16ps():
+    ex = extract(as_network(Small, params_of(Small)), AVX512_BF16, precision=BF16)
+    for t in [t for t in ex.tasks if "bf" in t.name]:
+        state = default_state(t.task)
+        asm = codegen.compile(program.schedule(t.task, state), t.task.target).mod.inspect_source("asm")
+        assert "vdpbf16ps" in asm, t.name
+
+
+def test_bf16_is_for_cpu_targets_and_fp32_is_unchanged():
+    with pytest.raises(NetworkError, match="bf16 is for CPU targets"):
+        extract(as_network(Dense, params_of(Dense)), "cuda", precision=BF16)
+    fp32 = extract(as_network(Small, params_of(Small)), PORTABLE)
+    assert not any("bf" in t.name for t in fp32.tasks)
+    same = extract(as_network(Small, params_of(Small)), PORTABLE, precision=Precision.FP32)
+    assert [t.workload_key for t in same.tasks] == [t.workload_key for t in fp32.tasks]
+
+
+def test_log_names_carry_the_precision():
+    assert log_name("resnet-50", 1) == "resnet-50-b1.json"
+    assert log_name("resnet-50", 1, "bf16") == "resnet-50-b1-bf16.json"
+    assert network_from_log_name("logs/resnet-50-b1-bf16.json") == ("resnet-50", 1)
+    assert precision_from_log_name("logs/resnet-50-b1-bf16.json") == "bf16"
+    assert precision_from_log_name("logs/resnet-50-b1.json") == "fp32"
+
+
+@pytest.mark.slow
+def test_tuning_a_bf16_network_measures_checks_and_applies(tmp_path, local_ray):
+    """The real search on the bf16 tasks: every candidate measured and checked, the best applied to the
+    network, whose output is the default bf16 build's."""
+    params = params_of(Small)
+    ex, default_exe = default_build(Small, params, PORTABLE)
+    log = tmp_path / "small-b1-bf16.json"
+    tasks = [t for t in ex.tasks if "bf" in t.name]
+    tune_tasks(tasks, log, 12, options=ansor.TuningOptions(num_measures_per_round=4, cost_model="random",
+                                                           pretrained=False))
+    records = load_records(log)
+    assert len(records) == 12 and all(r.result.ok for r in records), [r.result.error_msg for r in records][:3]
+    assert all(tensorized(r.state) for r in records)
+    tuned = build(apply_history_best(ex.mod, ex.tasks, log, target=PORTABLE), PORTABLE)
+    cmp_ = compare_outputs(ex.network, tuned, default_exe, PORTABLE, rtol=ex.output_rtol)
+    assert cmp_.ok, cmp_
+
+
+def test_a_bf16_benchmark_compares_with_every_runtime_at_its_default_precision():
+    peers = [PeerResult("ONNX Runtime", 9.0, 9.0), PeerResult("OpenVINO", 8.0, 8.0),
+             PeerResult("OpenVINO (bf16, its default here)", 3.0, 3.0, precision="bf16")]
+    fp32 = ModelReport("resnet-50", peers=peers, tuned_ms=6.0)
+    bf16 = ModelReport("resnet-50", "bf16", peers=peers, tuned_ms=6.0)
+    assert fp32.fastest_peer().name == "OpenVINO" and result_cells(fp32)[1] == pytest.approx(0.75)
+    assert bf16.fastest_peer().precision == "bf16" and result_cells(bf16)[1] == pytest.approx(2.0)
+    assert "fastest f32 runtime" in result_header("fp32") and "fastest runtime" in result_header("bf16")
+    assert zoo_section("AMD EPYC (LLVM znver4)", "bf16") != zoo_section("AMD EPYC (LLVM znver4)", "fp32")
+    assert run_key("vit-b-16", "bf16") == "vit-b-16-bf16" and run_key("vit-b-16", "fp32") == "vit-b-16"
+
+
+@pytest.mark.parametrize("argv", [["tune", "--network", "tiny-cnn", "--precision", "bf16", "--n-trials", "4"],
+                                  ["export", "LOG", "--network", "tiny-cnn", "--out", "OUT"],
+                                  ["bench", "--precision", "bf16", "--models", "resnet-50", "--minutes", "1"]])
+def test_network_bf16_on_a_cpu_without_the_unit_is_one_error_line(argv, tmp_path):
+    if "avx512_bf16" in host_cpu().flags:
+        pytest.skip("this CPU has AVX512_BF16: --precision bf16 tunes here")
+    log = tmp_path / "tiny-cnn-b1-bf16.json"  # export reads bf16 from the log's name
+    log.write_text("")
+    argv = [str(log) if a == "LOG" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run([sys.executable, "-m", "ansor", *argv], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert "avx512_bf16" in errors[0] and "Traceback" not in proc.stderr
