@@ -88,85 +88,92 @@ def bf16_bits(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
 
 
 # ------------------------------------------------------------------------------------------ AVX512_BF16
-@T.prim_func(s_tir=True)
-def _dot_16x2_desc(A: T.Buffer((2,), "uint16", offset_factor=1),
-                   B: T.Buffer((16, 2), "uint16", offset_factor=1),
-                   C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:2], B[0:16, 0:2])
-        T.writes(C[0:16])
-        for i, k in T.grid(16, 2):
-            with T.sblock("update"):
-                vi, vk = T.axis.remap("SR", [i, k])
-                C[vi] = C[vi] + (T.reinterpret("float32", T.shift_left(T.Cast("uint32", A[vk]), T.uint32(16)))
-                                 * T.reinterpret("float32", T.shift_left(T.Cast("uint32", B[vi, vk]), T.uint32(16))))
+def _dot_16x2() -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
+    """``dot_16x2``'s description and implementation."""
+    @T.prim_func(s_tir=True)
+    def _dot_16x2_desc(A: T.Buffer((2,), "uint16", offset_factor=1),
+                       B: T.Buffer((16, 2), "uint16", offset_factor=1),
+                       C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            for i, k in T.grid(16, 2):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + (T.reinterpret("float32", T.shift_left(T.Cast("uint32", A[vk]), T.uint32(16)))
+                                     * T.reinterpret("float32", T.shift_left(T.Cast("uint32", B[vi, vk]), T.uint32(16))))
 
 
-@T.prim_func(s_tir=True)
-def _dot_16x2_impl(A: T.Buffer((2,), "uint16", offset_factor=1),
-                   B: T.Buffer((16, 2), "uint16", offset_factor=1),
-                   C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
-    with T.sblock("root"):
-        T.reads(C[0:16], A[0:2], B[0:16, 0:2])
-        T.writes(C[0:16])
-        pair = T.reinterpret("int32", A.vload([0], "uint16x2"))  # one k pair of A, broadcast to 16 lanes
-        C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
-            "float32x16", VDPBF16PS_PLACEHOLDER, C.vload([0], "float32x16"),
-            T.reinterpret("int16x32", T.broadcast(pair, 16)),
-            T.reinterpret("int16x32", B.vload([0, 0], "uint16x32")))
+    @T.prim_func(s_tir=True)
+    def _dot_16x2_impl(A: T.Buffer((2,), "uint16", offset_factor=1),
+                       B: T.Buffer((16, 2), "uint16", offset_factor=1),
+                       C: T.Buffer((16,), "float32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            pair = T.reinterpret("int32", A.vload([0], "uint16x2"))  # one k pair of A, broadcast to 16 lanes
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
+                "float32x16", VDPBF16PS_PLACEHOLDER, C.vload([0], "float32x16"),
+                T.reinterpret("int16x32", T.broadcast(pair, 16)),
+                T.reinterpret("int16x32", B.vload([0, 0], "uint16x32")))
+    return _dot_16x2_desc, _dot_16x2_impl
 
 
 # ------------------------------------------------------------------------------------------------- AMX
-@T.prim_func(s_tir=True)
-def _tile_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-    A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1)
-    B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1)
-    C = T.match_buffer(c, (16, 16), "float32", offset_factor=1)
-    with T.sblock("root"):
-        T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
-        T.writes(C[0:16, 0:16])
-        for i, j, k in T.grid(16, 16, 32):
-            with T.sblock("update"):
-                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                C[vi, vj] = C[vi, vj] + (
-                    T.reinterpret("float32", T.shift_left(T.Cast("uint32", A[vi, vk]), T.uint32(16)))
-                    * T.reinterpret("float32", T.shift_left(T.Cast("uint32", B[vk // 2, vj, vk % 2]), T.uint32(16))))
+def _tile_16x16x32() -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
+    """``tile_16x16x32``'s description and implementation."""
+    @T.prim_func(s_tir=True)
+    def _tile_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1)
+        B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1)
+        C = T.match_buffer(c, (16, 16), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
+            T.writes(C[0:16, 0:16])
+            for i, j, k in T.grid(16, 16, 32):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + (
+                        T.reinterpret("float32", T.shift_left(T.Cast("uint32", A[vi, vk]), T.uint32(16)))
+                        * T.reinterpret("float32", T.shift_left(T.Cast("uint32", B[vk // 2, vj, vk % 2]), T.uint32(16))))
 
 
-@T.prim_func(s_tir=True)
-def _tile_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-    lda = T.int32()
-    ldb = T.int32()
-    ldc = T.int32()
-    A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1, strides=[lda, 1])
-    B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1, strides=[ldb, 2, 1])
-    C = T.match_buffer(c, (16, 16), "float32", offset_factor=1, strides=[ldc, 1])
-    with T.sblock("root"):
-        T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
-        T.writes(C[0:16, 0:16])
-        # The tile configuration: palette 1; tiles 0 (C), 1 (A), 2 (B) of 16 rows of 64 bytes.
-        cfg = T.alloc_buffer((64,), "uint8", scope="local")
-        for q in range(64):
-            cfg[q] = T.uint8(0)
-        cfg[0] = T.uint8(1)
-        for t in range(3):
-            cfg[16 + 2 * t] = T.uint8(64)
-            cfg[48 + t] = T.uint8(16)
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", cfg.access_ptr("r")))
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(0), C.access_ptr("r"),
-                                      T.int64(ldc * 4)))
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(1), A.access_ptr("r"),
-                                      T.int64(lda * 2)))
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(2), B.access_ptr("r"),
-                                      T.int64(ldb * 2)))
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(0), T.int8(1), T.int8(2)))
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(0), C.access_ptr("w"),
-                                      T.int64(ldc * 4)))
+    @T.prim_func(s_tir=True)
+    def _tile_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        lda = T.int32()
+        ldb = T.int32()
+        ldc = T.int32()
+        A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1, strides=[lda, 1])
+        B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1, strides=[ldb, 2, 1])
+        C = T.match_buffer(c, (16, 16), "float32", offset_factor=1, strides=[ldc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
+            T.writes(C[0:16, 0:16])
+            # The tile configuration: palette 1; tiles 0 (C), 1 (A), 2 (B) of 16 rows of 64 bytes.
+            cfg = T.alloc_buffer((64,), "uint8", scope="local")
+            for q in range(64):
+                cfg[q] = T.uint8(0)
+            cfg[0] = T.uint8(1)
+            for t in range(3):
+                cfg[16 + 2 * t] = T.uint8(64)
+                cfg[48 + t] = T.uint8(16)
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", cfg.access_ptr("r")))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(0), C.access_ptr("r"),
+                                          T.int64(ldc * 4)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(1), A.access_ptr("r"),
+                                          T.int64(lda * 2)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(2), B.access_ptr("r"),
+                                          T.int64(ldb * 2)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(0), T.int8(1), T.int8(2)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(0), C.access_ptr("w"),
+                                          T.int64(ldc * 4)))
+    return _tile_desc, _tile_impl
 
 
 @lru_cache(maxsize=None)
 def register() -> None:
     """Register the intrinsics with TensorIR (once per process; ``sch.tensorize`` looks them up by name)."""
-    TensorIntrin.register(BF16Intrin.AVX512_DOT_16x2.value, _dot_16x2_desc, _dot_16x2_impl, override=True)
-    TensorIntrin.register(BF16Intrin.AMX_TILE_16x16x32.value, _tile_desc, _tile_impl, override=True)
-    TensorIntrin.register(BF16Intrin.PORTABLE_DOT_16x2.value, _dot_16x2_desc, _dot_16x2_desc, override=True)
+    dot_desc, dot_impl = _dot_16x2()
+    TensorIntrin.register(BF16Intrin.AVX512_DOT_16x2.value, dot_desc, dot_impl, override=True)
+    TensorIntrin.register(BF16Intrin.AMX_TILE_16x16x32.value, *_tile_16x16x32(), override=True)
+    TensorIntrin.register(BF16Intrin.PORTABLE_DOT_16x2.value, dot_desc, dot_desc, override=True)
