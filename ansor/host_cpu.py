@@ -190,3 +190,12 @@ def request_amx() -> None:
         units = host_cpu().matrix_units
         raise AmxError(f"Linux refused the AMX tile state (arch_prctl: {os.strerror(err)}); this CPU's matrix "
                        f"units: {', '.join(u.name for u in units) or 'none'}")
+
+
+def allow_amx() -> bool:
+    """On a CPU with AMX, ask Linux for the tile state (:func:`request_amx`), so that programs this process
+    runs may use the tiles; returns whether it did. Raises :class:`AmxError` if Linux refuses."""
+    if MatrixUnit.AMX not in host_cpu().matrix_units:
+        return False
+    request_amx()
+    return True

@@ -8,7 +8,9 @@ target the same tasks are compiled and their assembly holds ``vdpbf16ps``.
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import sys
 
@@ -23,19 +25,21 @@ from ansor.bench.network_report import ModelReport, result_cells, result_header
 from ansor.bench.peers import PeerResult
 from ansor.bench.zoo_bench import run_key, zoo_section
 from ansor.cli.logs import log_name, network_from_log_name, precision_from_log_name
-from ansor.host_cpu import host_cpu
+from ansor.host_cpu import MatrixUnit, allow_amx, host_cpu
 from ansor.log.records import load_records
 from ansor.networks import NetworkError, apply_history_best, apply_schedules, build, compare_outputs, extract
 from ansor.networks.bf16 import BUILD_RTOL, pack_weight
 from ansor.networks.default_schedule import default_state
 from ansor.networks.evaluate import run
-from ansor.relax import as_network, tune_tasks
-from ansor.state.tensor_intrin import TENSORIZE, bf16_bits_to_f32, round_to_bf16
+from ansor.relax import as_network, export_network, tune_tasks
+from ansor.sketch.search_space import generate_sketches, sample_initial_population
+from ansor.state.tensor_intrin import TENSORIZE, BF16Intrin, bf16_bits_to_f32, round_to_bf16
 from ansor.task import program
 from ansor.task.precision import Precision
 
 PORTABLE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2: no bf16 unit
 AVX512_BF16 = {"kind": "llvm", "mcpu": "znver4", "mtriple": "x86_64-linux-gnu", "num-cores": 2}
+AMX = {"kind": "llvm", "mcpu": "sapphirerapids", "mtriple": "x86_64-linux-gnu", "num-cores": 2}
 BF16 = Precision.BF16
 
 
@@ -149,6 +153,64 @@ def test_an_avx512_bf16_target_compiles_network_tasks_to_vdpbf16ps():
         state = default_state(t.task)
         asm = codegen.compile(program.schedule(t.task, state), t.task.target).mod.inspect_source("asm")
         assert "vdpbf16ps" in asm, t.name
+
+
+@tvm.script.ir_module
+class Stride1:  # a 3x3 convolution whose output rows (16 wide) fill AMX tiles, and an 8-wide one that cannot
+    @R.function
+    def main(x: R.Tensor((1, 16, 16, 32), "float32"), w: R.Tensor((3, 3, 32, 32), "float32"),
+             v: R.Tensor((3, 3, 32, 32), "float32")):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="HWIO")
+            z = R.nn.conv2d(R.nn.max_pool2d(y, 2, 2, layout="NHWC"), v, padding=1, data_layout="NHWC",
+                            kernel_layout="HWIO")
+            R.output(z)
+        return z
+
+
+def amx_tasks():
+    ex = extract(as_network(Stride1, params_of(Stride1)), AMX, precision=BF16)
+    return [t.task for t in ex.tasks if "bf" in t.name]
+
+
+def intrinsics_of(state) -> list[str]:
+    return [it.annotation[len(TENSORIZE):] for st in state.stages for it in st.iters
+            if it.annotation.startswith(TENSORIZE)]
+
+
+def test_an_amx_target_searches_amx_tiles_where_rows_fill_them():
+    wide, narrow = sorted(amx_tasks(), key=lambda t: -t.flop_ct)
+    assert [intrinsics_of(s) for s in generate_sketches(wide)] == [[BF16Intrin.AMX_TILE_16x16x32.value],
+                                                                   [BF16Intrin.AVX512_DOT_16x2.value]]
+    assert [intrinsics_of(s) for s in generate_sketches(narrow)] == [[BF16Intrin.AVX512_DOT_16x2.value]]
+    states = sample_initial_population(wide, generate_sketches(wide), 8, random.Random(0))
+    amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_16x16x32.value]]
+    assert amx, "no AMX program sampled"
+    asm = codegen.compile(program.schedule(wide, amx[0]), wide.target).mod.inspect_source("asm")
+    assert all(op in asm for op in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored")), "no tile instruction"
+
+
+def test_amx_programs_compute_the_bf16_convolution_where_the_cpu_has_amx():
+    if MatrixUnit.AMX not in host_cpu().matrix_units:
+        pytest.skip(f"this CPU ({host_cpu().model}) has no AMX: AMX programs are compile-checked only")
+    allow_amx()
+    [wide, _] = sorted(amx_tasks(), key=lambda t: -t.flop_ct)
+    states = sample_initial_population(wide, generate_sketches(wide), 8, random.Random(0))
+    arrays = program.random_inputs(wide)
+    want = program.run_program(program.build_program(wide, None), arrays)
+    for state in [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_16x16x32.value]][:3]:
+        got = program.run_program(program.build_program(wide, state), arrays)
+        assert np.abs(got[-1] - want[-1]).max() <= 288 * 2.0 ** -23 * np.abs(want[-1]).max()
+
+
+def test_an_export_for_an_amx_target_asks_linux_for_the_tiles_first(tmp_path):
+    ex, exe = default_build(Dense, params_of(Dense), AMX)
+    export_network(exe, ex.network, tmp_path / "amx", AMX)
+    assert json.loads((tmp_path / "amx" / "model.json").read_text())["amx"] is True
+    assert "syscall(158, 0x1023, 18)" in (tmp_path / "amx" / "README.md").read_text()  # arch_prctl, XTILEDATA
+    ex, exe = default_build(Dense, params_of(Dense), PORTABLE)
+    export_network(exe, ex.network, tmp_path / "avx2", PORTABLE)
+    assert json.loads((tmp_path / "avx2" / "model.json").read_text())["amx"] is False
 
 
 def test_bf16_is_for_cpu_targets_and_fp32_is_unchanged():

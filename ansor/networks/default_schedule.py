@@ -37,7 +37,7 @@ from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
 from ..target import device_kind
 from ..task.search_task import SearchTask
-from ..sketch.tensor_rules import dot_intrinsic, is_bf16_product, product_loops, tile_around_dot
+from ..sketch.tensor_rules import dot_intrinsic, is_bf16_product, product_loops, tile_around
 from ..sketch.annotation import (
     MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, branch_run_lanes, contiguous,
     largest_divisor_at_most, vector_lanes,
@@ -167,7 +167,7 @@ def _dot_products(task: SearchTask) -> State:
         space[m - 1][2] = largest_divisor_at_most((iters[m - 1].extent or 1) // intrin.loops[0][0], DOT_COLUMNS)
         if m >= 2:
             space[m - 2][2] = largest_divisor_at_most(iters[m - 2].extent or 1, DOT_ROWS)
-        state = tile_around_dot(state, sid, intrin, space, [[1]] * q)
+        state = tile_around(state, sid, intrin, space, [[1]] * q)
         tiled += 1
     if not tiled:
         raise StepError("no bf16 product")

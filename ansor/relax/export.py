@@ -24,7 +24,10 @@ from typing import Mapping, Optional, Union
 import numpy as np
 import tvm
 
+from ..host_cpu import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 from ..networks.network import Network, NetworkError, TensorSpec
+from ..sketch.tensor_rules import intrinsics
+from ..state.tensor_intrin import BF16Intrin
 from ..task.search_task import TargetLike
 from ..target import device_kind, parse_target, target_to_str
 from ..version import __version__
@@ -123,6 +126,7 @@ def write(executable: tvm.runtime.Executable, directory: Union[str, os.PathLike]
             "inputs": [_spec_json(s) for s in signature.inputs],
             "weights": [_spec_json(s) for s in signature.weights],
             "params_file": params_file,
+            "amx": BF16Intrin.AMX_TILE_16x16x32 in intrinsics(target),
             "env": dict(env or {}),
             "tvm_version": tvm.__version__,
             "ansor_version": __version__,
@@ -143,13 +147,16 @@ def _spec_json(spec: TensorSpec) -> dict:
 
 
 #: The loader every export's README shows; plain tvm + numpy, no ansor.
-LOADER = '''import json, os
+LOADER = f'''import json, os
 import numpy as np
 import tvm
 from tvm import relax
 
 here = os.environ.get("MODEL_DIR", ".")               # the export directory
 meta = json.load(open(os.path.join(here, "model.json")))
+if meta.get("amx"):  # AMX tiles may be used: Linux must grant the tile state first (arch_prctl), else SIGILL
+    import ctypes
+    assert ctypes.CDLL(None).syscall({SYS_ARCH_PRCTL}, {ARCH_REQ_XCOMP_PERM:#x}, {XFEATURE_XTILEDATA}) == 0, "Linux refused the AMX tile state"
 device = tvm.device(meta["device"], 0)
 vm = relax.VirtualMachine(tvm.runtime.load_module(os.path.join(here, meta["library"])), device)
 weights = []

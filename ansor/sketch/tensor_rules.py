@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import tvm
 
 from ..errors import TargetError
-from ..host_cpu import host_cpu
+from ..host_cpu import allow_amx, host_cpu
 from ..state.access import IterKind
 from ..state.loop_state import State
 from ..state.tensor_intrin import BF16Intrin
@@ -48,23 +48,37 @@ def feeds_bf16_product(state: State, stage_id: int) -> bool:
             and all(is_bf16_product(state, c) for c in consumers))
 
 
+def _has(target: tvm.target.Target, feature: str) -> bool:
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, target))
+    except Exception:  # not an x86 LLVM target
+        return False
+
+
 def dot_intrinsic(target: tvm.target.Target) -> BF16Intrin:
     """``vdpbf16ps`` where the target has AVX512_BF16, else the portable form of the same intrinsic."""
-    try:
-        native = bool(tvm.target.codegen.target_has_features("avx512bf16", target))
-    except Exception:  # not an x86 LLVM target
-        native = False
-    return BF16Intrin.AVX512_DOT_16x2 if native else BF16Intrin.PORTABLE_DOT_16x2
+    return BF16Intrin.AVX512_DOT_16x2 if _has(target, "avx512bf16") else BF16Intrin.PORTABLE_DOT_16x2
+
+
+def intrinsics(target: tvm.target.Target) -> list[BF16Intrin]:
+    """The intrinsics a bf16 product's sketches are built around on ``target``: AMX's tile product where
+    the target has AMX (first), and the dot product (:func:`dot_intrinsic`) always."""
+    amx = _has(target, "amx-bf16") and _has(target, "amx-tile")
+    return [BF16Intrin.AMX_TILE_16x16x32] * amx + [dot_intrinsic(target)]
 
 
 def require_bf16_unit(target: tvm.target.Target) -> None:
     """Tuning in bf16 needs a target the search gives the bf16 dot product (not its portable form): one
-    error line naming what is missing and what this CPU has, where it is missing."""
+    error line naming what is missing and what this CPU has, where it is missing. Where the target has AMX
+    and this CPU too, this process asks Linux for the tile state (it times the final build): a refusal
+    is one :class:`~ansor.host_cpu.AmxError` line."""
     if dot_intrinsic(target) is not BF16Intrin.AVX512_DOT_16x2:
         cpu = host_cpu()
         raise TargetError(f"--precision bf16 needs the CPU's bf16 dot product (cpuinfo flag avx512_bf16: AMD "
                           f"Zen 4/5, Intel Xeon 4th gen on), which target {target_label(target)} lacks; this CPU "
                           f"({cpu.model or 'unknown'}) has {cpu.units}")
+    if BF16Intrin.AMX_TILE_16x16x32 in intrinsics(target):
+        allow_amx()
 
 
 class BF16DotProduct(SketchRule):
@@ -80,58 +94,69 @@ class BF16DotProduct(SketchRule):
     def apply(self, task: SearchTask, state: State, stage_id: int) -> list[tuple[State, int]]:
         if not is_bf16_product(state, stage_id):
             return [(state, stage_id - 1)]  # an operand's conversion: computed, not inlined
-        tiled = tile_around_dot(state, stage_id, dot_intrinsic(task.target))
-        return [] if tiled is None else [(tiled, stage_id - 1)]
+        tiled = (tile_around(state, stage_id, intrin) for intrin in intrinsics(task.target))
+        return [(t, stage_id - 1) for t in tiled if t is not None]
 
 
 Lengths = Sequence[Sequence[Optional[int]]]
 
 
 def product_loops(state: State, stage_id: int, intrin: BF16Intrin) -> Optional[tuple[int, int]]:
-    """(spatial, reduction) loop counts of a product ``intrin`` can compute the innermost tile of: spatial
-    loops first, the output channels last of them (a multiple of the intrinsic's columns), then reductions,
-    the last in whole pairs; None for any other stage."""
-    columns, pair = (n for n, _ in intrin.loops)
+    """(spatial, reduction) loop counts of a product whose innermost tile ``intrin`` can compute: spatial
+    loops first, then reductions; the intrinsic's spatial loops are the product's last ones (rows, then the
+    output channels), its reduction the last reduction (channels, in pairs); each a multiple of the
+    intrinsic's extent. None for any other stage."""
     iters = state.stages[stage_id].iters
     spatial = [k for k, it in enumerate(iters) if it.kind == IterKind.SPATIAL]
     reduce = [k for k, it in enumerate(iters) if it.kind == IterKind.REDUCE]
     m, q = len(spatial), len(reduce)
-    if spatial != list(range(m)) or reduce != list(range(m, m + q)) or not q or not m \
-            or (iters[m - 1].extent or 0) % columns or (iters[-1].extent or 0) % pair:
+    inner_s = [n for n, kind in intrin.loops if kind == IterKind.SPATIAL]
+    [inner_r] = [n for n, kind in intrin.loops if kind == IterKind.REDUCE]
+    if spatial != list(range(m)) or reduce != list(range(m, m + q)) or not q or m < len(inner_s):
+        return None
+    extents = [iters[m - len(inner_s) + t].extent or 0 for t in range(len(inner_s))] + [iters[-1].extent or 0]
+    if any(e % n for e, n in zip(extents, [*inner_s, inner_r])):
         return None
     return m, q
 
 
-def tile_around_dot(state: State, stage_id: int, intrin: BF16Intrin, space: Optional[Lengths] = None,
-                    reduce: Optional[Lengths] = None) -> Optional[State]:
-    """A copy of ``state`` whose product ``stage_id`` is Ansor's CPU tiling around ``intrin``'s dot products,
-    or None if it is not such a product (:func:`product_loops`). ``space[a]`` / ``reduce[b]``: the inner
-    tile lengths of spatial loop ``a`` (the output channels counted in whole intrinsic columns) / reduction
-    loop ``b`` (the last in pairs); None leaves them to random annotation."""
+def tile_around(state: State, stage_id: int, intrin: BF16Intrin, space: Optional[Lengths] = None,
+                reduce: Optional[Lengths] = None) -> Optional[State]:
+    """A copy of ``state`` whose product ``stage_id`` is Ansor's CPU tiling around ``intrin``, or None if
+    the intrinsic does not fit it (:func:`product_loops`). ``space[a]`` / ``reduce[b]``: the inner tile
+    lengths of spatial loop ``a`` / reduction loop ``b`` (those the intrinsic takes a part of counted in
+    whole intrinsic extents); None leaves them to random annotation."""
     loops = product_loops(state, stage_id, intrin)
     if loops is None:
         return None
     m, q = loops
-    columns, pair = (n for n, _ in intrin.loops)
+    inner_s = [n for n, kind in intrin.loops if kind == IterKind.SPATIAL]
+    [inner_r] = [n for n, kind in intrin.loops if kind == IterKind.REDUCE]
+    n_in = len(inner_s)
     n_space, n_reduce = CPU_STRUCTURE.count("S"), CPU_STRUCTURE.count("R")
     space = space or [[None] * (n_space - 1)] * m
     reduce = reduce or [[None] * (n_reduce - 1)] * q
     s = state.copy()
-    s.split(stage_id, m - 1, [columns])  # rows..., jo, j16, reduction..., k
-    s.split(stage_id, m + q, [pair])  # rows..., jo, j16, reduction..., ko, k2
-    for b in reversed(range(q)):  # from the back, so the positions before stay put
-        s.split(stage_id, m + 1 + b, list(reduce[b]))
+    # The intrinsic's pieces split off and moved innermost: spatial..., reduction..., then its own loops.
+    s.split(stage_id, m + q - 1, [inner_r])
+    for t in reversed(range(n_in)):
+        s.split(stage_id, m - n_in + t, [inner_s[t]])
+    pieces = [m - n_in + 2 * t + 1 for t in range(n_in)]  # the inner halves of the split spatial loops
+    outer = [k for k in range(m + n_in + q + 1) if k not in pieces and k != m + n_in + q]
+    s.reorder(stage_id, outer + pieces + [m + n_in + q])
+    # Ansor's levels on the outer loops, from the back so the positions before stay put.
+    for b in reversed(range(q)):
+        s.split(stage_id, m + b, list(reduce[b]))
     for a in reversed(range(m)):
         s.split(stage_id, a, list(space[a]))
-    # Now: each spatial loop's n_space levels, j16, each reduction loop's n_reduce levels, k2.
-    j16 = m * n_space
+    first_r = m * n_space
     levels = {"S": [[a * n_space + lv for a in range(m)] for lv in range(n_space)],
-              "R": [[j16 + 1 + b * n_reduce + lv for b in range(q)] for lv in range(n_reduce)]}
+              "R": [[first_r + b * n_reduce + lv for b in range(q)] for lv in range(n_reduce)]}
     order, taken = [], {"S": 0, "R": 0}
     for ch in CPU_STRUCTURE:
         order += levels[ch][taken[ch]]
         taken[ch] += 1
-    order += [j16, j16 + 1 + q * n_reduce]  # j16, k2 innermost
-    s.reorder(stage_id, order)
-    s.tensorize(stage_id, len(order) - 2, intrin.value)
+    inner = list(range(first_r + q * n_reduce, first_r + q * n_reduce + n_in + 1))
+    s.reorder(stage_id, order + inner)
+    s.tensorize(stage_id, len(order), intrin.value)
     return s
