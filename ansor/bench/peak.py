@@ -18,6 +18,11 @@ Two probes, each run with the benchmark's thread count; the peak is the larger o
 2. **sgemm.** numpy's ``a @ b`` (OpenBLAS) on 2048 x 2048 fp32 matrices, in a fresh process that
    imports numpy alone (see :func:`numpy_gemm_gflops`), ``OPENBLAS_NUM_THREADS`` = the thread count,
    with the fastest OpenBLAS kernel family this CPU runs (see :func:`openblas_kernels`).
+
+And the **bf16 ceiling** where the CPU has a bf16 unit (:func:`bf16_gflops`, what ``--precision bf16``
+runs on): the same register loop with ``vdpbf16ps`` (AVX512_BF16: 64 flops an instruction) over each
+accumulator count, and on a CPU with AMX a loop of ``tdpbf16ps`` on four accumulator tiles (16 x 16 x 32:
+16,384 flops an instruction), after asking Linux for the tile state.
 """
 
 from __future__ import annotations
@@ -80,23 +85,101 @@ int main(int argc, char **argv) {
 """
 
 
+_BF16_SOURCE = r"""
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static long iters;
+static volatile float seed = 0.999f;
+
+#ifdef AMX
+/* Four accumulator tiles (0-3) of 16 x 16 fp32, A (4) 16 x 32 bf16, B (5) 16 pairs x 16 columns. */
+static void *run(void *out) {
+    unsigned char cfg[64];
+    memset(cfg, 0, sizeof cfg);
+    cfg[0] = 1;
+    for (int t = 0; t < 6; t++) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
+    _tile_loadconfig(cfg);
+    static __thread unsigned short ab[16 * 32];
+    static __thread float c[16 * 16];
+    for (int i = 0; i < 16 * 32; i++) ab[i] = 0x3f80;
+    _tile_loadd(4, ab, 64); _tile_loadd(5, ab, 64);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (long n = 0; n < iters; n++) {
+        _tile_dpbf16ps(0, 4, 5); _tile_dpbf16ps(1, 4, 5); _tile_dpbf16ps(2, 4, 5); _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, c, 64);
+    _tile_release();
+    *(float *)out = c[0] * seed;
+    return 0;
+}
+#define FLOPS_PER_ITER (4.0 * 16 * 16 * 32 * 2)
+#else
+static void *run(void *out) {
+    __m512 acc[NACC];
+    __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f7f);
+    for (int i = 0; i < NACC; i++) acc[i] = _mm512_set1_ps(seed * i);
+    for (long n = 0; n < iters; n++) {
+#pragma GCC unroll 64
+        for (int i = 0; i < NACC; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    }
+    float s = 0;
+    for (int i = 0; i < NACC; i++) s += acc[i][0];
+    *(float *)out = s;
+    return 0;
+}
+#define FLOPS_PER_ITER (NACC * 16.0 * 2 * 2)
+#endif
+
+int main(int argc, char **argv) {
+    int threads = atoi(argv[1]);
+    iters = atol(argv[2]);
+#ifdef AMX
+    if (syscall(SYS_arch_prctl, 0x1023, 18)) { fprintf(stderr, "Linux refused the AMX tile state\n"); return 3; }
+#endif
+    pthread_t th[256];
+    float out[256];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int t = 0; t < threads; t++) pthread_create(&th[t], 0, run, &out[t]);
+    for (int t = 0; t < threads; t++) pthread_join(th[t], 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    printf("%.6f\n", (double)threads * iters * FLOPS_PER_ITER / s / 1e9);
+    return out[0] == 12345.0f;
+}
+"""
+#: Accumulator counts of the ``vdpbf16ps`` probe (32 zmm registers; two hold the operands).
+BF16_ACCUMULATORS = (8, 10, 12, 16, 20, 24, 28)
+
+
 @dataclass(frozen=True)
 class Peak:
-    """What the probes measured, in GFLOPS; ``gflops`` is the larger of the two."""
+    """What the probes measured, in GFLOPS; ``gflops`` is the larger of the fp32 two, ``bf16_gflops`` the
+    bf16 unit's (0 without one)."""
 
     threads: int
     fma_gflops: float
     fma_config: str  # e.g. "12 x 32-byte vectors"
     sgemm_gflops: float
     sgemm_note: str
+    bf16_gflops: float = 0.0
+    bf16_config: str = "no bf16 unit"
 
     @property
     def gflops(self) -> float:
         return max(self.fma_gflops, self.sgemm_gflops)
 
     def summary(self) -> str:
+        bf16 = f"; bf16 peak {self.bf16_gflops:.1f} GFLOPS ({self.bf16_config})" if self.bf16_gflops else ""
         return (f"peak {self.gflops:.1f} GFLOPS on {self.threads} threads (FMA loop {self.fma_gflops:.1f}, "
-                f"{self.fma_config}; sgemm {self.sgemm_gflops:.1f}, {self.sgemm_note})")
+                f"{self.fma_config}; sgemm {self.sgemm_gflops:.1f}, {self.sgemm_note}){bf16}")
 
 
 def fma_gflops(threads: int, seconds: float = 0.3) -> tuple[float, str]:
@@ -228,6 +311,51 @@ def cpu_description() -> str:
     return f"CPU: {model} (LLVM {target.attrs['mcpu']}, {isa}{units}, {physical_cores()} physical cores)"
 
 
+def bf16_probe_commands(cc: str, source: Path, out_dir: Path, march: str = "native"
+                        ) -> dict[str, tuple[list[str], float]]:
+    """Each bf16 probe variant by name: its compiler command (``-march``: the CPU compiled for) and its
+    flops an iteration; ``vdpbf16ps`` for each accumulator count, and ``amx``."""
+    base = [cc, "-O2", f"-march={march}", "-mavx512bf16", str(source), "-lpthread", "-o"]
+    variants = {f"vdpbf16ps x {n}": ([*base, str(out_dir / f"dp_{n}"), f"-DNACC={n}"], n * 16 * 2 * 2.0)
+                for n in BF16_ACCUMULATORS}
+    variants["AMX tdpbf16ps x 4 tiles"] = ([*base, str(out_dir / "amx"), "-DAMX", "-mamx-tile", "-mamx-bf16"],
+                                           4 * 16 * 16 * 32 * 2.0)
+    return variants
+
+
+def bf16_gflops(threads: int, seconds: float = 0.3) -> tuple[float, str]:
+    """The bf16 unit's GFLOPS (AMX tiles or ``vdpbf16ps``, whichever is faster), and which ran; 0 and why
+    not on a CPU without AVX512_BF16 or without a C compiler. Each variant runs briefly, then for
+    ``seconds``."""
+    from ..host_cpu import MatrixUnit, host_cpu
+    units = host_cpu().matrix_units
+    if MatrixUnit.AVX512_BF16 not in units:
+        return 0.0, "no bf16 unit"
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        return 0.0, "no C compiler"
+
+    def rate(exe: str, iters: int) -> float:
+        run = subprocess.run([exe, str(threads), str(iters)], capture_output=True, text=True)
+        return float(run.stdout) if run.returncode == 0 else 0.0
+
+    best, config = 0.0, ""
+    with tempfile.TemporaryDirectory(prefix="ansor-peak-bf16-") as tmp:
+        src = Path(tmp, "bf16.c")
+        src.write_text(_BF16_SOURCE)
+        for name, (command, flops) in bf16_probe_commands(cc, src, Path(tmp)).items():
+            if name.startswith("AMX") and MatrixUnit.AMX not in units:
+                continue
+            subprocess.run(command, check=True, capture_output=True)
+            exe = command[command.index("-o") + 1]
+            quick = rate(exe, 10_000)
+            if quick > 0:
+                measured = rate(exe, max(10_000, int(seconds * quick * 1e9 / (threads * flops))))
+                if measured > best:
+                    best, config = measured, name
+    return best, config
+
+
 def _has_feature(tvm, feature: str, target) -> bool:
     try:
         return bool(tvm.target.codegen.target_has_features(feature, target))
@@ -240,7 +368,8 @@ def measure_peak(threads: int) -> Peak:
     fma, config = fma_gflops(threads)
     time.sleep(1.0)  # OpenBLAS and the probe threads must not overlap
     sgemm, note = sgemm_gflops(threads)
-    return Peak(threads, fma, config, sgemm, note)
+    bf16, bf16_config = bf16_gflops(threads)
+    return Peak(threads, fma, config, sgemm, note, bf16, bf16_config)
 
 
 def main() -> int:
