@@ -237,11 +237,11 @@ def test_tuning_a_bf16_network_measures_checks_and_applies(tmp_path, local_ray):
     params = params_of(Small)
     ex, default_exe = default_build(Small, params, PORTABLE)
     log = tmp_path / "small-b1-bf16.json"
-    tasks = [t for t in ex.tasks if "bf" in t.name]
-    tune_tasks(tasks, log, 12, options=ansor.TuningOptions(num_measures_per_round=4, cost_model="random",
-                                                           pretrained=False))
+    tasks = [t for t in ex.tasks if "bf_conv2d" in t.name][:1]  # the strided, padded one: 8 trials
+    tune_tasks(tasks, log, 8, options=ansor.TuningOptions(num_measures_per_round=4, cost_model="random",
+                                                          pretrained=False))
     records = load_records(log)
-    assert len(records) == 12 and all(r.result.ok for r in records), [r.result.error_msg for r in records][:3]
+    assert len(records) == 8 and all(r.result.ok for r in records), [r.result.error_msg for r in records][:3]
     assert all(tensorized(r.state) for r in records)
     tuned = build(apply_history_best(ex.mod, ex.tasks, log, target=PORTABLE), PORTABLE)
     cmp_ = compare_outputs(ex.network, tuned, default_exe, PORTABLE, rtol=ex.output_rtol)

@@ -114,11 +114,11 @@ def test_tuning_a_bf16_product_measures_checks_and_replays(tmp_path, local_ray):
     program), mutated by the evolutionary search, logged, and replayed from the log."""
     log = tmp_path / "bf16.json"
     task = SearchTask.from_workload("bf16-matmul-64", PORTABLE)
-    options = ansor.TuningOptions(num_measure_trials=24, num_measures_per_round=8, pretrained=False)
+    options = ansor.TuningOptions(num_measure_trials=16, num_measures_per_round=8, pretrained=False)
     result = ansor.tune_task(task, options, log_file=log)
     records = load_records(log)
-    assert result.best_state is not None and len(records) == 24
-    assert sum(r.result.ok for r in records) >= 20, [r.result.error_msg for r in records if not r.result.ok][:3]
+    assert result.best_state is not None and len(records) == 16  # two rounds: sampled, then evolved
+    assert sum(r.result.ok for r in records) >= 13, [r.result.error_msg for r in records if not r.result.ok][:3]
     best = ansor.best_record(task, log)
     assert tensorized(best.state)
     a, b = operands(64, seed=3)

@@ -175,7 +175,7 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     before = records(log)
 
     resumed = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", len(before) + 4, "--per-round", 2,
-                  "--cost-model", "random", "--log-file", log, "--resume", "--repeat", 3)
+                  "--cost-model", "random", "--log-file", log, "--resume", "--repeat", 3, "--select", 0)
     assert_final_report(resumed)
     assert f"resumed {len(before)} measurements" in resumed.stderr
     assert log.read_text().splitlines()[: len(complete)] == complete  # nothing lost or rewritten
