@@ -20,7 +20,9 @@ For each model:
    default build (parallel + vectorized default schedules), ONNX Runtime, OpenVINO and PyTorch eager
    (the runtimes come with the ``bench`` extra; a missing one is reported, not faked). Every one computes in
    float32 as ansor does; where OpenVINO's default on this CPU is another precision (bfloat16 on CPUs with
-   native bf16 arithmetic), it is timed that way too, as a row of its own that the ratios leave out.
+   native bf16 arithmetic), it is timed that way too, as a row of its own that the ratios leave out. With
+   ``--precision bf16`` ansor computes in bf16 and its ratio is taken against every runtime at its default
+   precision (OpenVINO's bf16 row included; in turn, OpenVINO runs at its default).
 4. Then the tuned build, ONNX Runtime and OpenVINO in turn, ``--rounds`` times: one timing each can land in a
    burst of load on a shared machine for one and not the others; in turn they all meet the same bursts. The
    ratio is taken within each round (ansor / the fastest runtime of that round), then its median: load that
@@ -56,7 +58,7 @@ from typing import Any, Iterator, Sequence
 
 
 from ..errors import AnsorError, short_message
-from ..networks.bf16 import FP32_RTOL
+from ..networks.bf16 import BF16_VS_FP32_RTOL
 from .docs import Provenance
 from .in_turn import model_flags
 from .network_report import DEFAULT, OURS, ModelReport, TaskRow, plot, print_report, write_docs
@@ -275,7 +277,7 @@ def measure(report: ModelReport, onnx: Path, extraction, log: Path, start: float
     ort = next((p for p in report.peers if p.outputs is not None and p.name.startswith("ONNX")), None)
     if ort is not None:
         report.error_vs_ort = max_difference(outputs, ort.outputs)
-        report.vs_ort = compare_all(outputs, ort.outputs, None if report.precision == "fp32" else FP32_RTOL)
+        report.vs_ort = compare_all(outputs, ort.outputs, None if report.precision == "fp32" else BF16_VS_FP32_RTOL)
         report.reduced = [(p, max_difference(p.outputs, ort.outputs)) for p in report.peers
                           if p.precision != "f32" and p.outputs is not None]
     return report

@@ -17,6 +17,11 @@ OURS = "ansor, tuned"  # the tuned build's row among the in-turn timings
 DEFAULT = "ansor, default build"  # the untuned build's row among them (not a runtime to compare with)
 
 
+def peers_label(precision: str) -> str:
+    """What ansor's ratio is taken against in a run in ``precision``, for a line of text."""
+    return "fastest float32 runtime" if precision == "fp32" else "fastest runtime (its default precision)"
+
+
 @dataclass
 class ModelReport:
     """Everything measured for one model."""
@@ -62,7 +67,7 @@ class ModelReport:
     @property
     def peers_label(self) -> str:
         """What :meth:`fastest_peer` is, for a line of text."""
-        return "fastest float32 runtime" if self.precision == "fp32" else "fastest runtime (its default precision)"
+        return peers_label(self.precision)
 
     def in_network_over_alone(self) -> float:
         """The tuned tasks' time in the network over their time alone during tuning (the tasks whose state
@@ -109,7 +114,8 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
           f"ansor's output vs ONNX Runtime's: max "
           f"|difference| {report.error_vs_ort:.2e} of the output's scale")
     for peer, error in report.reduced:
-        print(f"not in that ratio: {peer.name} computes in {peer.precision}, its output vs ONNX Runtime's: max "
+        where = "not in that ratio: " if report.precision == "fp32" else ""
+        print(f"{where}{peer.name} computes in {peer.precision}, its output vs ONNX Runtime's: max "
               f"|difference| {error:.2e} of the output's scale")
     if report.rounds:
         print(f"timed in turn, {len(report.rounds[OURS])} rounds (ms per round; median):")
@@ -201,7 +207,7 @@ def result_header(precision: str) -> tuple[str, ...]:
 
 
 def result_cells(r: ModelReport) -> tuple[tuple[str, ...], float]:
-    """One model's cells under :data:`RESULT_HEADER`, and its ratio to the fastest float32 runtime (the in-turn
+    """One model's cells under :data:`RESULT_HEADER`, and its ratio to :meth:`ModelReport.fastest_peer` (the in-turn
     median, else the one-after-another ratio; NaN without a runtime)."""
     turn = r.in_turn_ratios()
     fastest = r.fastest_peer()

@@ -346,7 +346,8 @@ def bf16_gflops(threads: int, seconds: float = 0.3) -> tuple[float, str]:
         for name, (command, flops) in bf16_probe_commands(cc, src, Path(tmp)).items():
             if name.startswith("AMX") and MatrixUnit.AMX not in units:
                 continue
-            subprocess.run(command, check=True, capture_output=True)
+            if subprocess.run(command, capture_output=True).returncode != 0:
+                continue  # a compiler without -mavx512bf16 / -mamx-bf16 (gcc before 10 / 11): no such probe
             exe = command[command.index("-o") + 1]
             quick = rate(exe, 10_000)
             if quick > 0:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 from ..errors import AnsorError, short_message
 from .docs import Provenance, markdown_table, read_section, section_key, write_section
 from .network_report import (BF16_NOTE, RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, geometric_mean,
-                             result_cells, result_header, summary_row, write_summary)
+                             peers_label, result_cells, result_header, summary_row, write_summary)
 from .zoo import ZooModel
 
 logger = logging.getLogger("ansor")
@@ -230,15 +230,15 @@ def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: floa
         sources += (f". Rows timed by earlier runs (`--reuse-timings`; each ratio measured in turn within its "
                     f"own run, the date above is the table's): {earlier}")
     bf16 = precision != "fp32"
+    tolerance = ("within 5 % of the output's scale of ONNX Runtime's float32 outputs (bf16's tolerance, "
+                 "`ansor.networks.bf16.BF16_VS_FP32_RTOL`)" if bf16 else
+                 "within the tolerance tuned builds are checked with (`ansor.networks.compare_outputs`)")
     return (f"## Model zoo{' in bf16' if bf16 else ''} after {minutes:g} minutes of tuning each\n\n"
             f"{provenance.markdown()}\n{table}\n\n"
-            f"Geometric mean of ansor / {ModelReport('', precision).peers_label}: **{geomean:.2f}** over the {count} "
+            f"Geometric mean of ansor / {peers_label(precision)}: **{geomean:.2f}** over the {count} "
             f"of {len(results)} models that ran. {BF16_NOTE if bf16 else RESULT_NOTE} \"matches ONNX Runtime\": "
-            f"{'within bf16 tolerance (ansor.networks.bf16.FP32_RTOL) of its float32 output; ' if bf16 else ''}"
-            f"every output within "
-            f"the tolerance tuned builds are checked with (`ansor.networks.compare_outputs`), in brackets the "
-            f"largest difference over the output's scale. Random weights, batch 1, opset 17; sources: "
-            f"{sources}.\n")
+            f"every output {tolerance}, in brackets the largest difference over the output's scale. Random "
+            f"weights, batch 1, opset 17; sources: {sources}.\n")
 
 
 def _cells(line: str) -> list[str]:
@@ -335,7 +335,7 @@ def run_zoo(args: argparse.Namespace) -> int:
     header, rows, geomean, count = zoo_rows(results, args.precision)
     print(f"\n== model zoo, {args.precision}, {args.minutes:g} minutes of tuning each ==\n"
           f"{markdown_table(header, rows)}\n"
-          f"geometric mean of ansor / {ModelReport('', args.precision).peers_label}: {geomean:.2f} over {count} of "
+          f"geometric mean of ansor / {peers_label(args.precision)}: {geomean:.2f} over {count} of "
           f"{len(results)} models")
     if args.plot:
         plot([r.report for r in results if r.report is not None], args.plot)

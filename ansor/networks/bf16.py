@@ -34,10 +34,10 @@ LANES, PAIR = 16, 2
 #: How far two builds of one bf16 network may differ, as a share of the output's scale. Their sums run in
 #: other orders, so an activation near a rounding boundary may round to neighbouring bf16 values (2^-8 of
 #: itself apart) in the two, and the next layers carry that; a wrong schedule is off by the whole scale.
-BUILD_RTOL = 1e-2
+BF16_BUILD_RTOL = 1e-2
 #: How far a bf16 network's output may be from the fp32 network's, as a share of the output's scale:
 #: OpenVINO's bf16 outputs were 4e-3 to 1.2e-2 of it from ONNX Runtime's fp32 on five models (issue 56).
-FP32_RTOL = 5e-2
+BF16_VS_FP32_RTOL = 5e-2
 #: TVM's op pattern kOutEWiseFusable: an element-wise epilogue fuses into the product, as into a convolution.
 _OUT_FUSABLE = {"op_pattern": 4}
 
@@ -46,9 +46,9 @@ def use_bf16(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every eligible convolution and dense layer computed in bf16 (see the module notes)."""
     mutator = _BF16Products(mod)
     mod = mutate_relax_functions(mutator)
-    logger.info("bf16: %d convolutions and %d dense layers take bf16 inputs; %d products stay fp32 "
-                "(output channels not a multiple of %d, or an odd reduction)",
-                mutator.convs, mutator.denses, mutator.kept, LANES)
+    logger.info("bf16: %d convolutions and %d dense layers take bf16 inputs; %d products with constant "
+                "weights stay fp32 (grouped, not NHWC, not float32, output channels not a multiple of %d, or an "
+                "odd reduction)", mutator.convs, mutator.denses, mutator.kept, LANES)
     return mod
 
 
@@ -101,7 +101,7 @@ class _BF16Products(relax.PyExprMutator):
         return self.builder_.call_te(
             _conv_product, call.args[0], relax.const(pack_weight(weight), "uint16"), weight.shape[:2],
             [int(s) for s in a.strides], [int(p) for p in a.padding], [int(d) for d in a.dilation],
-            primfunc_name_hint="bf16_conv2d", primfunc_attrs=_OUT_FUSABLE)
+            primfunc_name_hint="bfloat_conv2d", primfunc_attrs=_OUT_FUSABLE)
 
     def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         data = call.args[0]
@@ -111,7 +111,7 @@ class _BF16Products(relax.PyExprMutator):
             return None
         self.denses += 1
         return self.builder_.call_te(_dense_product, data, relax.const(pack_weight(weight), "uint16"),
-                                     primfunc_name_hint="bf16_dense", primfunc_attrs=_OUT_FUSABLE)
+                                     primfunc_name_hint="bfloat_dense", primfunc_attrs=_OUT_FUSABLE)
 
 
 def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],

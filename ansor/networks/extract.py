@@ -25,7 +25,7 @@ from ..errors import AnsorError, short_message
 from ..task.precision import Precision
 from ..task.search_task import SearchTask
 from ..target import device_kind, hardware_params, parse_target
-from .bf16 import BUILD_RTOL
+from .bf16 import BF16_BUILD_RTOL
 from .calls import CALL_TIR_OPS
 from .flatten import flatten_rows, is_reshape
 from .network import Network, NetworkError
@@ -93,7 +93,7 @@ class Extraction:
     @property
     def output_rtol(self) -> float:
         """How far two builds of ``mod`` may differ, as a share of the output's scale (any float rounding)."""
-        return BUILD_RTOL if self.precision is Precision.BF16 else FP32_BUILD_RTOL
+        return BF16_BUILD_RTOL if self.precision is Precision.BF16 else FP32_BUILD_RTOL
 
     @property
     def total_weight(self) -> int:

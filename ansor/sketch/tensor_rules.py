@@ -5,7 +5,8 @@ A bf16 product is a reduction over ``uint16`` operands holding bf16 bits (``bf16
 convolutions and dense layers, :mod:`ansor.networks.bf16`). Its spatial loops come first, the output
 channels last of them, then its reductions, the pairs' last. Its sketch is Ansor's CPU tiling (``SSRSRS``)
 of every loop but 16 columns and a k pair, which stay innermost and become one intrinsic call (a ``TZ``
-step); random annotation fills the tile sizes, parallel loops, unrolling and compute locations as for any
+step); on a target with AMX a second sketch leaves 16 rows, 16 columns and 32 reduction channels innermost
+for one ``tdpbf16ps`` tile product (where the rows are one dense box of the activation); random annotation fills the tile sizes, parallel loops, unrolling and compute locations as for any
 sketch. The operands' conversions are not inlined: the intrinsic reads
 them from memory, in the layout their stages write.
 
@@ -105,7 +106,9 @@ def product_loops(state: State, stage_id: int, intrin: BF16Intrin) -> Optional[t
     """(spatial, reduction) loop counts of a product whose innermost tile ``intrin`` can compute: spatial
     loops first, then reductions; the intrinsic's spatial loops are the product's last ones (rows, then the
     output channels), its reduction the last reduction (channels, in pairs); each a multiple of the
-    intrinsic's extent. None for any other stage."""
+    intrinsic's extent. A tile of several rows (AMX) reads them as one box: consecutive rows of every
+    operand that the rows move must be consecutive there (a stride-1 convolution, not a stride-2 one).
+    None for any other stage."""
     iters = state.stages[stage_id].iters
     spatial = [k for k, it in enumerate(iters) if it.kind == IterKind.SPATIAL]
     reduce = [k for k, it in enumerate(iters) if it.kind == IterKind.REDUCE]
@@ -117,7 +120,23 @@ def product_loops(state: State, stage_id: int, intrin: BF16Intrin) -> Optional[t
     extents = [iters[m - len(inner_s) + t].extent or 0 for t in range(len(inner_s))] + [iters[-1].extent or 0]
     if any(e % n for e, n in zip(extents, [*inner_s, inner_r])):
         return None
+    if len(inner_s) > 1 and not _unit_stride(state, stage_id, m - len(inner_s)):
+        return None
     return m, q
+
+
+def _unit_stride(state: State, stage_id: int, position: int) -> bool:
+    """Whether block variable ``position`` of the stage moves each index it appears in by exactly 1 (and
+    appears in one index at most) in every read."""
+    block = state.stages[stage_id].block
+    var = block.vars[position].name
+    for access in block.reads:
+        if access.moved_opaquely({var}):
+            return False
+        coefs = [dict(index.terms).get(var, 0) for index in access.indices if index is not None]
+        if sum(c != 0 for c in coefs) > 1 or any(c not in (0, 1) for c in coefs):
+            return False
+    return True
 
 
 def tile_around(state: State, stage_id: int, intrin: BF16Intrin, space: Optional[Lengths] = None,

@@ -34,7 +34,6 @@ from ..codegen import VDPBF16PS_PLACEHOLDER
 from .access import IterKind
 
 
-
 def bf16_to_f32(bits: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """The fp32 value of bf16 ``bits`` (a ``uint16`` expression): the bits are an fp32's upper half."""
     return tvm.tirx.reinterpret("float32", bits.astype("uint32") << tvm.tirx.const(16, "uint32"))
@@ -100,9 +99,9 @@ def _dot_16x2() -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
             for i, k in T.grid(16, 2):
                 with T.sblock("update"):
                     vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + (T.reinterpret("float32", T.shift_left(T.Cast("uint32", A[vk]), T.uint32(16)))
-                                     * T.reinterpret("float32", T.shift_left(T.Cast("uint32", B[vi, vk]), T.uint32(16))))
-
+                    C[vi] = C[vi] + (
+                        T.reinterpret("float32", T.shift_left(T.Cast("uint32", A[vk]), T.uint32(16)))
+                        * T.reinterpret("float32", T.shift_left(T.Cast("uint32", B[vi, vk]), T.uint32(16))))
 
     @T.prim_func(s_tir=True)
     def _dot_16x2_impl(A: T.Buffer((2,), "uint16", offset_factor=1),
@@ -135,8 +134,8 @@ def _tile_16x16x32() -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
                     C[vi, vj] = C[vi, vj] + (
                         T.reinterpret("float32", T.shift_left(T.Cast("uint32", A[vi, vk]), T.uint32(16)))
-                        * T.reinterpret("float32", T.shift_left(T.Cast("uint32", B[vk // 2, vj, vk % 2]), T.uint32(16))))
-
+                        * T.reinterpret("float32",
+                                        T.shift_left(T.Cast("uint32", B[vk // 2, vj, vk % 2]), T.uint32(16))))
 
     @T.prim_func(s_tir=True)
     def _tile_impl(a: T.handle, b: T.handle, c: T.handle) -> None:

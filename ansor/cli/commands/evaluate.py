@@ -41,10 +41,9 @@ SUMMARY = "time networks tuned by earlier runs (their logs) against a baseline"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...arguments import REPEATS, ExistingFile
+    from ...arguments import REPEATS, ExistingFile, add_precision_arg
     from ..targets import add_log_target_arg
     from ..networks import add_network_args
-    from ...arguments import add_precision_arg
 
     parser.add_argument("logs", nargs="+", metavar="LOG", type=ExistingFile("a tuning log", "logs/net-b1.json"),
                         help="tuning logs, one network each")

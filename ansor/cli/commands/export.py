@@ -25,10 +25,9 @@ SUMMARY = "write a tuned network as a deployable model.so, from its tuning log"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...arguments import ExistingFile, OutputDir
+    from ...arguments import ExistingFile, OutputDir, add_precision_arg
     from ..networks import add_network_args
     from ..options import add_pool_probe_arg
-    from ...arguments import add_precision_arg
     from ..targets import add_log_target_arg
 
     parser.add_argument("log", metavar="LOG", type=ExistingFile("a tuning log", "logs/model-b1.json"),

@@ -35,9 +35,8 @@ SUMMARY = "plot (or write as CSV) a network's tuning curve from its log"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ...arguments import ExistingFile, OutputFile, Text
+    from ...arguments import ExistingFile, OutputFile, Text, add_precision_arg
     from ..networks import add_network_args
-    from ...arguments import add_precision_arg
 
     parser.add_argument("log", metavar="LOG", type=ExistingFile("a tuning log", "logs/net-b1.json"),
                         help="a tuning log of one network")

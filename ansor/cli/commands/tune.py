@@ -42,11 +42,10 @@ SUMMARY = "tune a network (an ONNX file or a built-in one) and time it end to en
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ...arguments import (
-        MINUTES, PER_ROUND, REPEATS, SEED, SELECT, TRIALS, ExistingFile, OutputDir, OutputFile, Text,
+        MINUTES, PER_ROUND, REPEATS, SEED, SELECT, TRIALS, ExistingFile, OutputDir, OutputFile, Text, add_precision_arg,
     )
     from ..networks import add_network_args
     from ..options import add_build_memory_arg, add_pool_probe_arg, add_ray_address_arg
-    from ...arguments import add_precision_arg
 
     add_network_args(parser)
     add_precision_arg(parser)
