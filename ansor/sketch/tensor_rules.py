@@ -6,9 +6,9 @@ convolutions and dense layers, :mod:`ansor.networks.bf16`). Its spatial loops co
 channels last of them, then its reductions, the pairs' last. Its sketch is Ansor's CPU tiling (``SSRSRS``)
 of every loop but 16 columns and a k pair, which stay innermost and become one intrinsic call (a ``TZ``
 step); on a target with AMX a second sketch leaves 16 rows, 16 columns and 32 reduction channels innermost
-for one ``tdpbf16ps`` tile product (where the rows are one dense box of the activation); random annotation fills the tile sizes, parallel loops, unrolling and compute locations as for any
-sketch. The operands' conversions are not inlined: the intrinsic reads
-them from memory, in the layout their stages write.
+for one ``tdpbf16ps`` tile product (where the rows are one dense box of the activation). Random annotation
+fills the tile sizes, parallel loops, unrolling and compute locations as for any sketch. The operands'
+conversions are not inlined: the intrinsic reads them from memory, in the layout their stages write.
 
 On a target without AVX512_BF16 the same sketch uses the intrinsic's portable form (the description as its
 own implementation): the same program structure in fp32 code, so the search runs, and is tested, anywhere.
