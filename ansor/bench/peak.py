@@ -44,6 +44,28 @@ ACCUMULATORS = (4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)
 #: Vector widths in bytes (SSE/NEON, AVX, AVX-512); gcc splits a width the CPU lacks into narrower ops.
 VECTOR_BYTES = (16, 32, 64)
 
+#: The probes' shared ``main``: ``threads`` threads each run ``run`` for ``iters`` iterations; prints GFLOPS
+#: from the kernel's ``FLOPS_PER_ITER``. With ``AMX`` defined it first asks Linux for the tile state.
+_HARNESS = r"""
+int main(int argc, char **argv) {
+    int threads = atoi(argv[1]);
+    iters = atol(argv[2]);
+#ifdef AMX
+    if (syscall(SYS_arch_prctl, 0x1023, 18)) { fprintf(stderr, "Linux refused the AMX tile state\n"); return 3; }
+#endif
+    pthread_t th[256];
+    float out[256];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int t = 0; t < threads; t++) pthread_create(&th[t], 0, run, &out[t]);
+    for (int t = 0; t < threads; t++) pthread_join(th[t], 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    printf("%.6f\n", (double)threads * iters * FLOPS_PER_ITER / s / 1e9);
+    return out[0] == 12345.0f;
+}
+"""
+
 _FMA_SOURCE = r"""
 #include <pthread.h>
 #include <stdio.h>
@@ -67,22 +89,8 @@ static void *run(void *out) {
     *(float *)out = s;
     return 0;
 }
-
-int main(int argc, char **argv) {
-    int threads = atoi(argv[1]);
-    iters = atol(argv[2]);
-    pthread_t th[256];
-    float out[256];
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int t = 0; t < threads; t++) pthread_create(&th[t], 0, run, &out[t]);
-    for (int t = 0; t < threads; t++) pthread_join(th[t], 0);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
-    printf("%.6f\n", (double)threads * iters * NACC * (VB / sizeof(float)) * 2 / s / 1e9);
-    return out[0] == 12345.0f;
-}
-"""
+#define FLOPS_PER_ITER (NACC * (VB / sizeof(float)) * 2.0)
+""" + _HARNESS
 
 
 _BF16_SOURCE = r"""
@@ -136,25 +144,7 @@ static void *run(void *out) {
 }
 #define FLOPS_PER_ITER (NACC * 16.0 * 2 * 2)
 #endif
-
-int main(int argc, char **argv) {
-    int threads = atoi(argv[1]);
-    iters = atol(argv[2]);
-#ifdef AMX
-    if (syscall(SYS_arch_prctl, 0x1023, 18)) { fprintf(stderr, "Linux refused the AMX tile state\n"); return 3; }
-#endif
-    pthread_t th[256];
-    float out[256];
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int t = 0; t < threads; t++) pthread_create(&th[t], 0, run, &out[t]);
-    for (int t = 0; t < threads; t++) pthread_join(th[t], 0);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double s = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
-    printf("%.6f\n", (double)threads * iters * FLOPS_PER_ITER / s / 1e9);
-    return out[0] == 12345.0f;
-}
-"""
+""" + _HARNESS
 #: Accumulator counts of the ``vdpbf16ps`` probe (32 zmm registers; two hold the operands).
 BF16_ACCUMULATORS = (8, 10, 12, 16, 20, 24, 28)
 
