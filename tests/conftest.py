@@ -1,5 +1,6 @@
-"""Shared fixtures: one local Ray instance per test module that needs one (starting Ray takes ~4 s), and
-the machine to itself for every test marked ``timing`` when pytest-xdist runs tests side by side."""
+"""Shared fixtures: one local Ray instance per test module that needs one (starting Ray takes ~4 s), the
+machine to itself for every test marked ``timing`` when pytest-xdist runs tests side by side, and the longest
+modules collected first."""
 
 import fcntl
 import itertools
@@ -7,6 +8,20 @@ import os
 import tempfile
 
 import pytest
+
+
+#: Modules whose tests together take minutes (end-to-end tuning runs in subprocesses), longest first: collected
+#: before the rest, since pytest-xdist's ``loadscope`` hands whole modules to its workers in collection order,
+#: and a long module started last is the run's tail (test_tune_network, ~4 minutes alone, ended a first pass
+#: two minutes after every other module).
+LONG_MODULES = ("test_tune_network", "test_tune_test_script", "test_tutorial", "test_measure_signals",
+                "test_measure_host_lock", "test_relax_api", "test_measure_infra")
+
+
+def pytest_collection_modifyitems(config, items):
+    """:data:`LONG_MODULES` first, in that order; every other module, and every module's tests, in their own."""
+    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))
 
 
 @pytest.hookimpl(wrapper=True)
