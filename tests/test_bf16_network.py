@@ -122,6 +122,28 @@ def test_a_dense_layer_computes_bf16_inputs_with_fp32_sums():
     assert np.abs(got - exact).max() > 1e-4  # the inputs were rounded
 
 
+@tvm.script.ir_module
+class Attention:  # a product of two activations, as attention's Q K^T and P V
+    @R.function
+    def main(q: R.Tensor((2, 8, 32), "float32"), k: R.Tensor((2, 32, 48), "float32")):
+        with R.dataflow():
+            y = R.matmul(q, k)
+            R.output(y)
+        return y
+
+
+def test_a_product_of_two_activations_rounds_both_in_the_kernel():
+    ex, exe = default_build(Attention, {}, PORTABLE)
+    [task] = ex.tasks
+    assert "bfloat_matmul" in task.name and tensorized(default_state(task.task))
+    rng = np.random.default_rng(3)
+    q, k = rng.uniform(-1, 1, (2, 8, 32)).astype(np.float32), rng.uniform(-1, 1, (2, 32, 48)).astype(np.float32)
+    [got] = run(exe, ex.network, [q, k], PORTABLE)
+    want = bf16(q) @ bf16(k)
+    assert np.abs(got - want).max() <= 32 * 2.0 ** -23 * np.abs(want).max()
+    assert np.abs(got - q.astype(np.float64) @ k).max() > 1e-4
+
+
 def test_a_strided_padded_convolution_computes_bf16_inputs():
     params = params_of(Conv)
     ex, exe = default_build(Conv, params, PORTABLE)

@@ -9,6 +9,10 @@ bf16 dot product:
 2. the product over ``A16`` and the weight, which is rounded and packed **here, once**, in numpy
    (:func:`pack_weight`), into the k pairs of 16 output channels ``vdpbf16ps`` reads.
 
+A ``matmul`` of two activations (attention's ``Q K^T`` and ``P V``: ``[..., M, K] x [..., K, N]``, the same
+leading dimensions) rounds and packs both operands in the kernel instead (``A16`` and ``B16``, the latter
+``K x N`` conversions a call, as the ``bf16-matmul-*`` workloads do).
+
 The PrimFunc is marked output-element-wise fusable, so ``FuseOps`` gives it the layer's epilogue (bias, ReLU,
 residual add) as for an fp32 convolution. A layer whose output channels are not a multiple of 16 or whose
 reduction has an odd channel count stays fp32 (a classifier of 1000 classes: 1000 = 16 x 62.5).
@@ -46,9 +50,10 @@ def use_bf16(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every eligible convolution and dense layer computed in bf16 (see the module notes)."""
     mutator = _BF16Products(mod)
     mod = mutate_relax_functions(mutator)
-    logger.info("bf16: %d convolutions and %d dense layers take bf16 inputs; %d products with constant "
-                "weights stay fp32 (grouped, not NHWC, not float32, output channels not a multiple of %d, or an "
-                "odd reduction)", mutator.convs, mutator.denses, mutator.kept, LANES)
+    logger.info("bf16: %d convolutions, %d dense layers and %d products of two activations take bf16 inputs; "
+                "%d products stay fp32 (grouped, not NHWC, not float32, output channels not a multiple of %d, an "
+                "odd reduction, or broadcast operands)", mutator.convs, mutator.denses, mutator.batched,
+                mutator.kept, LANES)
     return mod
 
 
@@ -71,13 +76,20 @@ def _float32(expr: relax.Expr) -> bool:
     return str(getattr(expr.ty, "dtype", "")) == "float32"
 
 
+def _static_shape(expr: relax.Expr) -> Optional[tuple[int, ...]]:
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
+        return None
+    return tuple(int(d) for d in shape)
+
+
 @relax.expr_functor.mutator
 class _BF16Products(relax.PyExprMutator):
     """Replaces each eligible product by a call of its bf16 PrimFunc and counts what it did."""
 
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
-        self.convs = self.denses = self.kept = 0
+        self.convs = self.denses = self.batched = self.kept = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
@@ -85,12 +97,12 @@ class _BF16Products(relax.PyExprMutator):
         if op not in ("relax.nn.conv2d", "relax.matmul"):
             return call
         weight = bound_constant(self, call.args[1])
-        new = None if weight is None else (self._conv(call, weight) if op == "relax.nn.conv2d"
-                                           else self._dense(call, weight))
-        if new is None:
-            self.kept += weight is not None and weight.ndim >= 2
-            return call
-        return new
+        if weight is None:
+            new = self._batched(call) if op == "relax.matmul" else None
+        else:
+            new = self._conv(call, weight) if op == "relax.nn.conv2d" else self._dense(call, weight)
+        self.kept += new is None
+        return call if new is None else new
 
     def _conv(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         a = call.attrs
@@ -112,6 +124,15 @@ class _BF16Products(relax.PyExprMutator):
         self.denses += 1
         return self.builder_.call_te(_dense_product, data, relax.const(pack_weight(weight), "uint16"),
                                      primfunc_name_hint="bfloat_dense", primfunc_attrs=_OUT_FUSABLE)
+
+    def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
+        a, b = (_static_shape(x) for x in call.args[:2])
+        if (a is None or b is None or len(a) != len(b) or len(a) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]
+                or b[-1] % LANES or a[-1] % PAIR or not all(map(_float32, call.args[:2]))):
+            return None
+        self.batched += 1
+        return self.builder_.call_te(_batched_product, call.args[0], call.args[1],
+                                     primfunc_name_hint="bfloat_matmul", primfunc_attrs=_OUT_FUSABLE)
 
 
 def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
@@ -149,3 +170,15 @@ def _dense_product(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
     return te.compute((*lead, packed.shape[0] * LANES), lambda *i: te.sum(
         bf16_to_f32(a16(*i[:-1], r)) * bf16_to_f32(packed[i[-1] // LANES, r // PAIR, i[-1] % LANES, r % PAIR]),
         axis=r), name="dense_bf16")
+
+
+def _batched_product(a: te.Tensor, b: te.Tensor) -> te.Tensor:
+    """``a @ b`` over the last two axes, both operands rounded (``A16``) and packed (``B16``) in the kernel."""
+    *lead, k, n = (int(d) for d in b.shape)
+    a16 = te.compute(a.shape, lambda *i: bf16_bits(a(*i)), name="A16")
+    b16 = te.compute((*lead, n // LANES, k // PAIR, LANES, PAIR),
+                     lambda *i: bf16_bits(b(*i[:-4], i[-3] * PAIR + i[-1], i[-4] * LANES + i[-2])), name="B16")
+    r = te.reduce_axis((0, k), name="k")
+    return te.compute((*lead, int(a.shape[-2]), n), lambda *i: te.sum(
+        bf16_to_f32(a16(*i[:-1], r)) * bf16_to_f32(b16(*i[:-2], i[-1] // LANES, r // PAIR, i[-1] % LANES, r % PAIR)),
+        axis=r), name="matmul_bf16")
