@@ -14,7 +14,7 @@ import pytest
 #: before the rest, since pytest-xdist's ``loadscope`` hands whole modules to its workers in collection order,
 #: and a long module started last is the run's tail (test_tune_network, ~4 minutes alone, ended a first pass
 #: two minutes after every other module).
-LONG_MODULES = ("test_tune_network", "test_tune_test_script", "test_tutorial", "test_measure_signals",
+LONG_MODULES = ("test_tune_network", "test_tune_test_script", "test_tune_network_kill", "test_tutorial", "test_measure_signals",
                 "test_measure_host_lock", "test_relax_api", "test_measure_infra")
 
 
