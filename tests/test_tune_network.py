@@ -61,10 +61,12 @@ def assert_final_report(proc: subprocess.CompletedProcess) -> None:
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """One short end-to-end run: 2 trials per round, every task gets its warm-up round."""
+    """One short end-to-end run: 2 trials per round, every task gets its warm-up round, then tasks in turn
+    (round-robin: the gradient scheduler's picks follow the measured times, and on a loaded machine they once
+    left no heavy task a second state for the network-level selection to compare)."""
     log = tmp_path_factory.mktemp("tuned") / "tiny-cnn-b1.json"
     proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", TINY_TRIALS, "--per-round", 2,
-               "--log-file", log, "--repeat", 3)
+               "--strategy", "round-robin", "--log-file", log, "--repeat", 3)
     return log, proc
 
 
