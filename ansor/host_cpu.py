@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import logging
 import os
 import platform
 from dataclasses import dataclass
@@ -199,3 +200,12 @@ def allow_amx() -> bool:
         return False
     request_amx()
     return True
+
+
+def allow_amx_or_warn(consequence: str) -> None:
+    """:func:`allow_amx` for a process that runs code it did not choose (a runner, a network build): a
+    refusal is a warning that says ``consequence``, not an error; only code that uses the tiles fails."""
+    try:
+        allow_amx()
+    except AmxError as err:
+        logging.getLogger("ansor").warning("%s: %s", err, consequence)

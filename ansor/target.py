@@ -184,21 +184,28 @@ def _cuda_params(target: tvm.target.Target) -> HardwareParams:
     )
 
 
+#: The first word of an x86 LLVM triple.
+X86_ARCHS = ("x86_64", "i386", "i486", "i586", "i686")
+
+
+def has_x86_feature(target: tvm.target.Target, feature: str) -> bool:
+    """Whether LLVM says ``target`` has the x86 ``feature`` (``avx512bf16``, ``amx-tile``); False for another
+    kind or architecture. x86 features only mean something on x86, and LLVM 22 under TVM 0.27 crashes the
+    process (SIGSEGV) when asked about a triple it does not know (a target from a log is data from anywhere)."""
+    triple = str(target.attrs.get("mtriple", ""))
+    if str(target.kind.name) != "llvm" or triple and triple.split("-")[0] not in X86_ARCHS:
+        return False
+    try:
+        return bool(tvm.target.codegen.target_has_features(feature, target))
+    except Exception:  # an LLVM without the x86 backend does not know the feature names
+        return False
+
+
 def _cpu_params(target: tvm.target.Target) -> HardwareParams:
     """CPU parameters: the target's core count (this machine's if it names none) and its widest vector unit."""
     cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else physical_cores()
-    vector = 16
-    triple = str(target.attrs.get("mtriple", ""))
-    # x86 features only mean something on x86, and LLVM 22 under TVM 0.27 crashes the process (SIGSEGV)
-    # when asked about a triple it does not know (a target from a log is data from anywhere).
-    x86 = not triple or triple.split("-")[0] in ("x86_64", "i386", "i486", "i586", "i686")
-    for feature, width in (("avx512f", 64), ("avx2", 32), ("avx", 32)) if x86 else ():
-        try:
-            if tvm.target.codegen.target_has_features(feature, target):
-                vector = width
-                break
-        except Exception:  # non-x86 LLVM targets do not know x86 feature names
-            break
+    vector = next((width for feature, width in (("avx512f", 64), ("avx2", 32), ("avx", 32))
+                   if has_x86_feature(target, feature)), 16)
     return HardwareParams(num_cores=cores, vector_unit_bytes=vector)
 
 

@@ -8,7 +8,6 @@ cost one candidate instead of the tuning run.
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 import time
@@ -19,7 +18,7 @@ import numpy as np
 import ray
 import tvm
 
-from ..host_cpu import AmxError, allow_amx
+from ..host_cpu import allow_amx_or_warn
 from ..task import program
 from ..task.timing import CANDIDATE
 from ..state.layout_rewrite import PackedLayout, pack_arguments
@@ -27,8 +26,6 @@ from ..log.measurement import ErrorNo, MAX_COST, error_text
 from .check import output_mismatch
 from .ray_session import current_node
 from .shipping import TaskHandle
-
-logger = logging.getLogger("ansor")
 
 
 @dataclass(frozen=True)
@@ -90,11 +87,8 @@ class Runner:
     """
 
     def __init__(self, device: str):
-        if device == "cpu":
-            try:  # candidates built around AMX tiles run here; without the state they die of SIGILL
-                allow_amx()
-            except AmxError as err:
-                logger.warning("%s: AMX candidates will fail in this runner", err)
+        if device == "cpu":  # candidates built around AMX tiles run here; without the state they die of SIGILL
+            allow_amx_or_warn("AMX candidates will fail in this runner")
         self._device = tvm.device(device, 0)
         self._flush = program.CACHE_FLUSH if device == "cpu" else ""
         self._node = current_node()

@@ -22,9 +22,8 @@ from tvm import relax
 
 from .. import codegen
 from ..errors import short_message
-from ..host_cpu import AmxError, allow_amx
-from ..sketch.tensor_rules import intrinsics
-from ..state.tensor_intrin import BF16Intrin
+from ..host_cpu import allow_amx_or_warn
+from ..sketch.tensor_rules import has_amx
 from ..target import device_kind, parse_target
 from ..task.timing import REPORT
 from .schedules import apply_schedules
@@ -107,11 +106,8 @@ def build(mod: tvm.IRModule, target: TargetLike = None, fused: bool = True) -> t
     (legalize, fuse, no schedules: TVM's untuned build).
     """
     target = parse_target(target)
-    if BF16Intrin.AMX_TILE_16x16x32 in intrinsics(target):
-        try:  # the build runs here; a tile instruction without the state: SIGILL
-            allow_amx()
-        except AmxError as err:
-            logger.warning("%s: a bf16 build that uses AMX tiles will crash in this process", err)
+    if has_amx(target):  # the build runs here; a tile instruction without the state: SIGILL
+        allow_amx_or_warn("a bf16 build that uses AMX tiles will crash in this process")
     try:
         with _graph_launch() if device_kind(target).graph_launch else contextlib.nullcontext():
             if fused:

@@ -26,8 +26,7 @@ import tvm
 
 from ..host_cpu import ARCH_REQ_XCOMP_PERM, SYS_ARCH_PRCTL, XFEATURE_XTILEDATA
 from ..networks.network import Network, NetworkError, TensorSpec
-from ..sketch.tensor_rules import intrinsics
-from ..state.tensor_intrin import BF16Intrin
+from ..sketch.tensor_rules import has_amx
 from ..task.search_task import TargetLike
 from ..target import device_kind, parse_target, target_to_str
 from ..version import __version__
@@ -126,7 +125,7 @@ def write(executable: tvm.runtime.Executable, directory: Union[str, os.PathLike]
             "inputs": [_spec_json(s) for s in signature.inputs],
             "weights": [_spec_json(s) for s in signature.weights],
             "params_file": params_file,
-            "amx": BF16Intrin.AMX_TILE_16x16x32 in intrinsics(target),
+            "amx": has_amx(target),
             "env": dict(env or {}),
             "tvm_version": tvm.__version__,
             "ansor_version": __version__,

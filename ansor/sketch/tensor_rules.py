@@ -25,7 +25,7 @@ from ..host_cpu import allow_amx, host_cpu
 from ..state.access import IterKind
 from ..state.loop_state import State
 from ..state.tensor_intrin import BF16Intrin
-from ..target import target_label
+from ..target import has_x86_feature, target_label
 from ..task.search_task import SearchTask
 from .rules import CPU_STRUCTURE, Cond, SketchRule, needs_multi_level_tiling
 
@@ -49,23 +49,20 @@ def feeds_bf16_product(state: State, stage_id: int) -> bool:
             and all(is_bf16_product(state, c) for c in consumers))
 
 
-def _has(target: tvm.target.Target, feature: str) -> bool:
-    try:
-        return bool(tvm.target.codegen.target_has_features(feature, target))
-    except Exception:  # not an x86 LLVM target
-        return False
-
-
 def dot_intrinsic(target: tvm.target.Target) -> BF16Intrin:
     """``vdpbf16ps`` where the target has AVX512_BF16, else the portable form of the same intrinsic."""
-    return BF16Intrin.AVX512_DOT_16x2 if _has(target, "avx512bf16") else BF16Intrin.PORTABLE_DOT_16x2
+    return BF16Intrin.AVX512_DOT_16x2 if has_x86_feature(target, "avx512bf16") else BF16Intrin.PORTABLE_DOT_16x2
+
+
+def has_amx(target: tvm.target.Target) -> bool:
+    """Whether ``target``'s code may use AMX's bf16 tiles (so the process running it needs the tile state)."""
+    return has_x86_feature(target, "amx-bf16") and has_x86_feature(target, "amx-tile")
 
 
 def intrinsics(target: tvm.target.Target) -> list[BF16Intrin]:
     """The intrinsics a bf16 product's sketches are built around on ``target``: AMX's tile product where
     the target has AMX (first), and the dot product (:func:`dot_intrinsic`) always."""
-    amx = _has(target, "amx-bf16") and _has(target, "amx-tile")
-    return [BF16Intrin.AMX_TILE_16x16x32] * amx + [dot_intrinsic(target)]
+    return [BF16Intrin.AMX_TILE_16x16x32] * has_amx(target) + [dot_intrinsic(target)]
 
 
 def require_bf16_unit(target: tvm.target.Target) -> None:
@@ -78,7 +75,7 @@ def require_bf16_unit(target: tvm.target.Target) -> None:
         raise TargetError(f"--precision bf16 needs the CPU's bf16 dot product (cpuinfo flag avx512_bf16: AMD "
                           f"Zen 4/5, Intel Xeon 4th gen on), which target {target_label(target)} lacks; this CPU "
                           f"({cpu.model or 'unknown'}) has {cpu.units}")
-    if BF16Intrin.AMX_TILE_16x16x32 in intrinsics(target):
+    if has_amx(target):
         allow_amx()
 
 
