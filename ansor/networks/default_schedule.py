@@ -164,7 +164,7 @@ def _dot_products(task: SearchTask) -> State:
         m, q = loops
         iters = state.stages[sid].iters
         space = [[1, 1, 1] for _ in range(m)]
-        space[m - 1][2] = largest_divisor_at_most((iters[m - 1].extent or 1) // intrin.loops[0][0], DOT_COLUMNS)
+        space[m - 1][2] = largest_divisor_at_most((iters[m - 1].extent or 1) // intrin.spatial[-1], DOT_COLUMNS)
         if m >= 2:
             space[m - 2][2] = largest_divisor_at_most(iters[m - 2].extent or 1, DOT_ROWS)
         state = tile_around(state, sid, intrin, space, [[1]] * q)

@@ -110,11 +110,10 @@ def product_loops(state: State, stage_id: int, intrin: BF16Intrin) -> Optional[t
     spatial = [k for k, it in enumerate(iters) if it.kind == IterKind.SPATIAL]
     reduce = [k for k, it in enumerate(iters) if it.kind == IterKind.REDUCE]
     m, q = len(spatial), len(reduce)
-    inner_s = [n for n, kind in intrin.loops if kind == IterKind.SPATIAL]
-    [inner_r] = [n for n, kind in intrin.loops if kind == IterKind.REDUCE]
+    inner_s, inner_r = intrin.spatial, intrin.reduction
     if spatial != list(range(m)) or reduce != list(range(m, m + q)) or not q or m < len(inner_s):
         return None
-    extents = [iters[m - len(inner_s) + t].extent or 0 for t in range(len(inner_s))] + [iters[-1].extent or 0]
+    extents = [it.extent or 0 for it in iters[m - len(inner_s):m]] + [iters[-1].extent or 0]
     if any(e % n for e, n in zip(extents, [*inner_s, inner_r])):
         return None
     if len(inner_s) > 1 and not _unit_stride(state, stage_id, m - len(inner_s)):
@@ -146,8 +145,7 @@ def tile_around(state: State, stage_id: int, intrin: BF16Intrin, space: Optional
     if loops is None:
         return None
     m, q = loops
-    inner_s = [n for n, kind in intrin.loops if kind == IterKind.SPATIAL]
-    [inner_r] = [n for n, kind in intrin.loops if kind == IterKind.REDUCE]
+    inner_s, inner_r = intrin.spatial, intrin.reduction
     n_in = len(inner_s)
     n_space, n_reduce = CPU_STRUCTURE.count("S"), CPU_STRUCTURE.count("R")
     space = space or [[None] * (n_space - 1)] * m

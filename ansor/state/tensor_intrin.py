@@ -66,6 +66,17 @@ class BF16Intrin(enum.Enum):
         """The innermost loops the intrinsic replaces, outermost first: (extent, kind)."""
         return _LOOPS[self]
 
+    @property
+    def spatial(self) -> tuple[int, ...]:
+        """The extents of its spatial loops, outermost first (AMX: rows, then columns; the dot: columns)."""
+        return tuple(n for n, kind in self.loops if kind == IterKind.SPATIAL)
+
+    @property
+    def reduction(self) -> int:
+        """The extent of its one reduction loop (a k pair; AMX: 32)."""
+        [n] = [n for n, kind in self.loops if kind == IterKind.REDUCE]
+        return n
+
 
 _LOOPS = {
     BF16Intrin.AVX512_DOT_16x2: ((16, IterKind.SPATIAL), (2, IterKind.REDUCE)),
