@@ -226,8 +226,7 @@ def bench_model(name: str, onnx: Path, args: argparse.Namespace, target, threads
     from ..networks import extract, load_onnx
     from ..task.precision import Precision
     report = ModelReport(name, precision=args.precision)
-    suffix = "" if args.precision == "fp32" else f"-{args.precision}"
-    log = Path(args.log) if args.log else work / f"{name}{suffix}.json"
+    log = Path(args.log) if args.log else work / f"{name}{Precision(args.precision).suffix}.json"
     start = time.time()
     if not args.log:
         print(f"{name}: tuning for up to {args.minutes:g} minutes ...", flush=True)

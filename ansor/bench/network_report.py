@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..task.precision import Precision
 from .docs import Provenance, markdown_table, section_key, write_section
 from .peers import PeerResult
 
@@ -248,8 +249,9 @@ def write_summary(root: Path, what: str, rows: list[tuple[str, str, str]], geome
 def write_docs(root: Path, reports: list[ModelReport], provenance: Provenance, args: argparse.Namespace) -> None:
     """This run's table as this CPU kind's section of ``root/docs/benchmarks.md``, and as the summary of
     ``root/README.md`` (between its ``generated: network-summary`` markers, when it has them)."""
-    bf16 = bool(reports) and reports[0].precision != "fp32"
-    header = ("model", *result_header(reports[0].precision if reports else "fp32"), "output vs ONNX Runtime")
+    precision = Precision(args.precision)  # the run's: every report's
+    bf16 = precision is not Precision.FP32
+    header = ("model", *result_header(precision.value), "output vs ONNX Runtime")
     rows, ratios, summary = [], [], []
     for r in reports:
         cells, ratio = result_cells(r)
@@ -260,10 +262,9 @@ def write_docs(root: Path, reports: list[ModelReport], provenance: Provenance, a
     table = markdown_table(header, rows, f"<{RESULT_ALIGN}>")
     what = f"Networks{' in bf16' if bf16 else ''} after {args.minutes:g} minutes of tuning each"
     body = (f"## {what}\n\n{provenance.markdown()}\n{table}\n\n"
-            f"Geometric mean of ansor / {reports[0].peers_label if reports else 'fastest runtime'}: "
-            f"**{geomean:.2f}** over {count} models. {BF16_NOTE if bf16 else RESULT_NOTE}\n")
-    write_section(root / "docs" / "benchmarks.md", section_key("network-bf16" if bf16 else "network", provenance.cpu),
-                  body)
+            f"Geometric mean of ansor / {peers_label(precision.value)}: **{geomean:.2f}** over {count} models. "
+            f"{BF16_NOTE if bf16 else RESULT_NOTE}\n")
+    write_section(root / "docs" / "benchmarks.md", section_key("network" + precision.suffix, provenance.cpu), body)
     if not bf16:  # the README's summary is the fp32 comparison
         write_summary(root, what, summary, geomean, provenance)
     print(f"wrote {root / 'docs' / 'benchmarks.md'}")

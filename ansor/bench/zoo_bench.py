@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import AnsorError, short_message
+from ..task.precision import Precision
 from .docs import Provenance, markdown_table, read_section, section_key, write_section
 from .network_report import (BF16_NOTE, RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, geometric_mean,
                              peers_label, result_cells, result_header, summary_row, write_summary)
@@ -121,7 +122,6 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
                     say: Callable[[str], None] = logger.info) -> ZooResult:
     """Export, import, build, tune (unless done) and measure one model; a failure at any stage is caught as
     an :class:`~ansor.errors.AnsorError` and becomes the result's error (and the status file's)."""
-    from ..task.precision import Precision
     from .network import measure, tune, tune_flags
     from .zoo import export
     key = run_key(model.name, args.precision)  # a bf16 run's log and status beside the fp32 run's
@@ -173,12 +173,12 @@ def bench_zoo_model(model: ZooModel, args: argparse.Namespace, target: Any, thre
 
 def run_key(name: str, precision: str) -> str:
     """The name of a model's log and status file in the work dir: ``<model>``, ``<model>-bf16`` in bf16."""
-    return name if precision == "fp32" else f"{name}-{precision}"
+    return name + Precision(precision).suffix
 
 
 def zoo_section(cpu: str, precision: str) -> str:
     """The key of the zoo's section of ``docs/benchmarks.md`` for this CPU kind and precision."""
-    return section_key("zoo" if precision == "fp32" else f"zoo-{precision}", cpu)
+    return section_key("zoo" + Precision(precision).suffix, cpu)
 
 
 def _escape(text: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import RecordError
+from ..task.precision import Precision
 
 _LOG_NAME = re.compile(r"^(?P<network>.+)-b(?P<batch>\d+)(?:-(?P<precision>bf16))?$")
 
@@ -29,7 +30,7 @@ def check_log_file(log_file: Path, *, must_exist: bool = False, resume: bool = F
 
 def log_name(network: str, batch_size: int, precision: str = "fp32") -> str:
     """The default log file name of a network: ``<network>-b<batch>.json``, ``-bf16`` before ``.json`` in bf16."""
-    return f"{network}-b{batch_size}{'' if precision == 'fp32' else '-' + precision}.json"
+    return f"{network}-b{batch_size}{Precision(precision).suffix}.json"
 
 
 def network_from_log_name(path: os.PathLike) -> Optional[tuple[str, int]]:

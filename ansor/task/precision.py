@@ -12,6 +12,11 @@ class Precision(enum.Enum):
     FP32 = "fp32"
     BF16 = "bf16"
 
+    @property
+    def suffix(self) -> str:
+        """What the name of a run's file or section gets: nothing in fp32, ``-bf16`` in bf16."""
+        return "" if self is Precision.FP32 else f"-{self.value}"
+
 
 #: Workload name prefixes that have a bf16 form (``bf16-`` + the name), for the error that lists them.
 BF16_FAMILIES = ("matmul-N", "matmul-MxNxK")
