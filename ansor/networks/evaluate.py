@@ -27,7 +27,7 @@ from ..sketch.tensor_rules import has_amx
 from ..target import device_kind, parse_target
 from ..task.timing import REPORT
 from .schedules import apply_schedules
-from .extract import Extraction
+from .extract import FP32_BUILD_RTOL, Extraction
 from .network import Network, NetworkError
 
 logger = logging.getLogger("ansor")
@@ -239,7 +239,7 @@ def profile_calls(executable: tvm.runtime.Executable, network: Network, inputs: 
 
 
 def compare_outputs(network: Network, executable: tvm.runtime.Executable, reference: tvm.runtime.Executable,
-                    target: TargetLike = None, seed: int = 0, rtol: float = 1e-4, atol: float = 1e-5,
+                    target: TargetLike = None, seed: int = 0, rtol: float = FP32_BUILD_RTOL, atol: float = 1e-5,
                     reference_network: Optional[Network] = None) -> OutputComparison:
     """Run two builds of ``network`` on the same seeded inputs and measure how far their outputs differ.
 
