@@ -117,9 +117,9 @@ class _BF16Products(relax.PyExprMutator):
 
     def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         data = call.args[0]
-        shape = getattr(data.ty, "shape", None)
+        shape = _static_shape(data)
         if (weight.ndim != 2 or not packable(weight) or not _float32(data) or shape is None
-                or not all(isinstance(d, tvm.tirx.IntImm) for d in shape) or int(shape[-1]) != weight.shape[0]):
+                or shape[-1] != weight.shape[0]):
             return None
         self.denses += 1
         return self.builder_.call_te(_dense_product, data, relax.const(pack_weight(weight), "uint16"),
@@ -162,10 +162,15 @@ def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], str
         * bf16_to_f32(packed[o // LANES, ry, rx, rc // PAIR, o % LANES, rc % PAIR]), axis=axes), name="conv_bf16")
 
 
+def _rounded(data: te.Tensor) -> te.Tensor:
+    """``A16``: ``data`` rounded to bf16 bits at the kernel's load."""
+    return te.compute(data.shape, lambda *i: bf16_bits(data(*i)), name="A16")
+
+
 def _dense_product(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
     """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight."""
     *lead, k = (int(d) for d in data.shape)
-    a16 = te.compute(data.shape, lambda *i: bf16_bits(data(*i)), name="A16")
+    a16 = _rounded(data)
     r = te.reduce_axis((0, k), name="k")
     return te.compute((*lead, packed.shape[0] * LANES), lambda *i: te.sum(
         bf16_to_f32(a16(*i[:-1], r)) * bf16_to_f32(packed[i[-1] // LANES, r // PAIR, i[-1] % LANES, r % PAIR]),
@@ -175,7 +180,7 @@ def _dense_product(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
 def _batched_product(a: te.Tensor, b: te.Tensor) -> te.Tensor:
     """``a @ b`` over the last two axes, both operands rounded (``A16``) and packed (``B16``) in the kernel."""
     *lead, k, n = (int(d) for d in b.shape)
-    a16 = te.compute(a.shape, lambda *i: bf16_bits(a(*i)), name="A16")
+    a16 = _rounded(a)
     b16 = te.compute((*lead, n // LANES, k // PAIR, LANES, PAIR),
                      lambda *i: bf16_bits(b(*i[:-4], i[-3] * PAIR + i[-1], i[-4] * LANES + i[-2])), name="B16")
     r = te.reduce_axis((0, k), name="k")
