@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
+from tvm import te
 
 import ansor
 from ansor import codegen
@@ -26,8 +28,9 @@ from ansor.sketch.rules import CPU_RULES, derive_sketches
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.state.tensor_intrin import TENSORIZE, BF16Intrin
 from ansor.task import program
-from ansor.task.precision import Precision, workload_in
+from ansor.task.precision import Precision, in_precision, workload_in
 from ansor.task.search_task import SearchTask
+from ansor.task.te_ops import matmul_stage
 from ansor.task.workloads import get_workload
 
 PORTABLE = {"kind": "llvm", "mcpu": "znver3", "num-cores": 2}  # AVX2: no bf16 unit
@@ -50,7 +53,7 @@ def test_a_bf16_product_has_one_sketch_around_the_dot_product():
     assert tensorized(sketch) == [BF16Intrin.PORTABLE_DOT_16x2.value]
     product = next(st for st in sketch.stages if st.name == "C")
     assert [(it.extent, it.kind.value) for it in product.iters[-2:]] == [(16, "S"), (2, "R")]
-    assert {st.name for st in sketch.stages} == {"A16", "Bp", "C"}  # the operands' conversions stay
+    assert {st.name for st in sketch.stages} == {"A16", "B16", "C"}  # the operands' conversions stay
     native = SearchTask.from_workload("bf16-matmul-128", AVX512_BF16)
     assert tensorized(generate_sketches(native)[0]) == [BF16Intrin.AVX512_DOT_16x2.value]
 
@@ -108,14 +111,37 @@ def test_bf16_workloads_and_their_names():
         get_workload("bf16-matmul-100")
 
 
+def fp32_matmul(shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> tvm.tirx.PrimFunc:
+    a, b = te.placeholder(shape_a, "float32", name="X"), te.placeholder(shape_b, "float32", name="Y")
+    return te.create_prim_func([a, b, matmul_stage(a, b, name="Z")])
+
+
+def test_a_matmul_primfunc_in_bf16_is_the_bf16_workload():
+    bf16 = in_precision(fp32_matmul((64, 96), (96, 32)), Precision.BF16)
+    assert tvm_ffi.structural_equal(bf16, SearchTask.from_workload("bf16-matmul-64x32x96", PORTABLE).func)
+    batched = in_precision(fp32_matmul((3, 8, 4), (3, 4, 16)), Precision.BF16)
+    assert [tuple(int(d) for d in p.shape) for p in batched.params] == [(3, 8, 4), (3, 4, 16),
+                                                                                         (3, 8, 16)]
+    fp32 = fp32_matmul((8, 8), (8, 16))
+    assert in_precision(fp32, Precision.FP32) is fp32
+    with pytest.raises(WorkloadError, match="multiple of 16"):
+        in_precision(fp32_matmul((8, 8), (8, 40)), Precision.BF16)
+    with pytest.raises(WorkloadError, match="one float32 matmul"):  # a matmul with an epilogue is not one
+        in_precision(SearchTask.from_workload("matmul-relu-64", PORTABLE).func, Precision.BF16)
+    with pytest.raises(WorkloadError, match="choices: fp32, bf16"):
+        ansor.tune(fp32, PORTABLE, precision="fp16")
+
+
 @pytest.mark.slow
 def test_tuning_a_bf16_product_measures_checks_and_replays(tmp_path, local_ray):
-    """Measured with the real builder and runner (each candidate checked against the unscheduled bf16
-    program), mutated by the evolutionary search, logged, and replayed from the log."""
+    """``ansor.tune(..., precision="bf16")`` on a matmul: measured with the real builder and runner (each
+    candidate checked against the unscheduled bf16 program), mutated by the evolutionary search, logged, and
+    replayed from the log."""
     log = tmp_path / "bf16.json"
-    task = SearchTask.from_workload("bf16-matmul-64", PORTABLE)
     options = ansor.TuningOptions(num_measure_trials=16, num_measures_per_round=8, pretrained=False)
-    result = ansor.tune_task(task, options, log_file=log)
+    result = ansor.tune(fp32_matmul((64, 64), (64, 64)), PORTABLE, options=options, log_file=log, precision="bf16")
+    task = result.task
+    assert tvm_ffi.structural_equal(task.func, SearchTask.from_workload("bf16-matmul-64", PORTABLE).func)
     records = load_records(log)
     assert result.best_state is not None and len(records) == 16  # two rounds: sampled, then evolved
     assert sum(r.result.ok for r in records) >= 13, [r.result.error_msg for r in records if not r.result.ok][:3]

@@ -28,13 +28,12 @@ import tvm
 from tvm import relax, te
 
 from ..state.tensor_intrin import bf16_bits, bf16_to_f32, round_to_bf16
+from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul, bf16_rounded
 from .calls import mutate_relax_functions
 from .conv_rewrite import bound_constant, ungrouped_nhwc
 
 logger = logging.getLogger("ansor")
 
-#: Output channels per dot product (``vdpbf16ps``: 16 fp32 lanes) and reduction elements per lane (a pair).
-LANES, PAIR = 16, 2
 #: How far two builds of one bf16 network may differ, as a share of the output's scale. Their sums run in
 #: other orders, so an activation near a rounding boundary may round to neighbouring bf16 values (2^-8 of
 #: itself apart) in the two, and the next layers carry that; a wrong schedule is off by the whole scale.
@@ -53,7 +52,7 @@ def use_bf16(mod: tvm.IRModule) -> tvm.IRModule:
     logger.info("bf16: %d convolutions, %d dense layers and %d products of two activations take bf16 inputs; "
                 "%d products stay fp32 (grouped, not NHWC, not float32, output channels not a multiple of %d, an "
                 "odd reduction, or broadcast operands)", mutator.convs, mutator.denses, mutator.batched,
-                mutator.kept, LANES)
+                mutator.kept, BF16_LANES)
     return mod
 
 
@@ -61,7 +60,7 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
     """A ``[..., K, N]`` weight (HWIO: ``[KH, KW, CI, CO]``; dense: ``[K, N]``) rounded to bf16 bits and packed
     as ``[N // 16, ..., K // 2, 16, 2]``: each 16 output channels' k pairs side by side."""
     *taps, k, n = weight.shape
-    bits = round_to_bf16(weight).reshape(*taps, k // PAIR, PAIR, n // LANES, LANES)
+    bits = round_to_bf16(weight).reshape(*taps, k // BF16_PAIR, BF16_PAIR, n // BF16_LANES, BF16_LANES)
     axes = len(taps)
     order = (axes + 2, *range(axes), axes, axes + 3, axes + 1)  # n_o, taps..., k_o, n16, k2
     return np.ascontiguousarray(bits.transpose(order))
@@ -69,7 +68,7 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
 
 def packable(weight: np.ndarray) -> bool:
     """A float32 weight whose output channels fill whole dot products and whose reduction is in pairs."""
-    return weight.dtype == np.float32 and weight.shape[-1] % LANES == 0 and weight.shape[-2] % PAIR == 0
+    return weight.dtype == np.float32 and weight.shape[-1] % BF16_LANES == 0 and weight.shape[-2] % BF16_PAIR == 0
 
 
 def _float32(expr: relax.Expr) -> bool:
@@ -128,10 +127,10 @@ class _BF16Products(relax.PyExprMutator):
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
         a, b = (_static_shape(x) for x in call.args[:2])
         if (a is None or b is None or len(a) != len(b) or len(a) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]
-                or b[-1] % LANES or a[-1] % PAIR or not all(map(_float32, call.args[:2]))):
+                or b[-1] % BF16_LANES or a[-1] % BF16_PAIR or not all(map(_float32, call.args[:2]))):
             return None
         self.batched += 1
-        return self.builder_.call_te(_batched_product, call.args[0], call.args[1],
+        return self.builder_.call_te(bf16_matmul, call.args[0], call.args[1],
                                      primfunc_name_hint="bfloat_matmul", primfunc_attrs=_OUT_FUSABLE)
 
 
@@ -157,33 +156,18 @@ def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], str
     rx = te.reduce_axis((0, kw), name="rx") if kw > 1 else 0
     rc = te.reduce_axis((0, ci), name="rc")
     axes = [r for r in (ry, rx) if not isinstance(r, int)] + [rc]
-    return te.compute((n, out_h, out_w, packed.shape[0] * LANES), lambda b, y, x, o: te.sum(
+    return te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
         bf16_to_f32(a16[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], rc])
-        * bf16_to_f32(packed[o // LANES, ry, rx, rc // PAIR, o % LANES, rc % PAIR]), axis=axes), name="conv_bf16")
-
-
-def _rounded(data: te.Tensor) -> te.Tensor:
-    """``A16``: ``data`` rounded to bf16 bits at the kernel's load."""
-    return te.compute(data.shape, lambda *i: bf16_bits(data(*i)), name="A16")
+        * bf16_to_f32(packed[o // BF16_LANES, ry, rx, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
+        axis=axes), name="conv_bf16")
 
 
 def _dense_product(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
     """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight."""
     *lead, k = (int(d) for d in data.shape)
-    a16 = _rounded(data)
+    a16 = bf16_rounded(data)
     r = te.reduce_axis((0, k), name="k")
-    return te.compute((*lead, packed.shape[0] * LANES), lambda *i: te.sum(
-        bf16_to_f32(a16(*i[:-1], r)) * bf16_to_f32(packed[i[-1] // LANES, r // PAIR, i[-1] % LANES, r % PAIR]),
+    return te.compute((*lead, packed.shape[0] * BF16_LANES), lambda *i: te.sum(
+        bf16_to_f32(a16(*i[:-1], r))
+        * bf16_to_f32(packed[i[-1] // BF16_LANES, r // BF16_PAIR, i[-1] % BF16_LANES, r % BF16_PAIR]),
         axis=r), name="dense_bf16")
-
-
-def _batched_product(a: te.Tensor, b: te.Tensor) -> te.Tensor:
-    """``a @ b`` over the last two axes, both operands rounded (``A16``) and packed (``B16``) in the kernel."""
-    *lead, k, n = (int(d) for d in b.shape)
-    a16 = _rounded(a)
-    b16 = te.compute((*lead, n // LANES, k // PAIR, LANES, PAIR),
-                     lambda *i: bf16_bits(b(*i[:-4], i[-3] * PAIR + i[-1], i[-4] * LANES + i[-2])), name="B16")
-    r = te.reduce_axis((0, k), name="k")
-    return te.compute((*lead, int(a.shape[-2]), n), lambda *i: te.sum(
-        bf16_to_f32(a16(*i[:-1], r)) * bf16_to_f32(b16(*i[:-2], i[-1] // LANES, r // PAIR, i[-1] % LANES, r % PAIR)),
-        axis=r), name="matmul_bf16")

@@ -1,7 +1,7 @@
 """Sketches whose innermost tile is a tensor intrinsic: a bf16 product computed by the CPU's bf16 unit.
 
 A bf16 product is a reduction over ``uint16`` operands holding bf16 bits (``bf16-matmul-*``: ``A16`` and
-``Bp``, rounded from fp32 and ``Bp`` packed in the k pairs of 16 columns ``vdpbf16ps`` reads; a network's
+``B16``, rounded from fp32 and ``B16`` packed in the k pairs of 16 columns ``vdpbf16ps`` reads; a network's
 convolutions and dense layers, :mod:`ansor.networks.bf16`). Its spatial loops come first, the output
 channels last of them, then its reductions, the pairs' last. Its sketch is Ansor's CPU tiling (``SSRSRS``)
 of every loop but 16 columns and a k pair, which stay innermost and become one intrinsic call (a ``TZ``

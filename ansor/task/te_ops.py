@@ -10,8 +10,12 @@ from typing import Callable, Sequence
 import tvm
 from tvm import te
 
+from ..state.tensor_intrin import bf16_bits, bf16_to_f32
+
 #: The names of the spatial axes of 1-d, 2-d and 3-d convolutions, outermost first.
 SPATIAL_NAMES = {1: ("l",), 2: ("h", "w"), 3: ("d", "h", "w")}
+#: Output columns per bf16 dot product (``vdpbf16ps``: 16 fp32 lanes) and reduction elements per lane (a pair).
+BF16_LANES, BF16_PAIR = 16, 2
 
 
 def out_size(size: int, kernel: int, stride: int, pad: int, dilation: int = 1) -> int:
@@ -104,3 +108,31 @@ def softmax_stages(x: te.Tensor, names: Sequence[str], exp: Callable = te.exp) -
     return te.compute(
         x.shape, lambda *i: exps(*i) / expsum(*i[:-1]), name="T_softmax_norm", varargs_names=list(names)
     )
+
+
+def bf16_rounded(data: te.Tensor) -> te.Tensor:
+    """``A16``: ``data`` rounded to bf16 bits (``uint16``) at the kernel's load."""
+    return te.compute(data.shape, lambda *i: bf16_bits(data(*i)), name="A16")
+
+
+def bf16_matmul(a: te.Tensor, b: te.Tensor, name: str = "matmul_bf16") -> te.Tensor:
+    """``a @ b`` over the last two axes in bf16: both operands rounded in the kernel, ``a`` as ``A16`` and ``b``
+    as ``B16``, packed in the k pairs of 16 columns the bf16 dot product reads; products and sums in fp32."""
+    *lead, k, n = (int(d) for d in b.shape)
+    a16 = bf16_rounded(a)
+    b16 = te.compute((*lead, n // BF16_LANES, k // BF16_PAIR, BF16_LANES, BF16_PAIR),
+                     lambda *i: bf16_bits(b(*i[:-4], i[-3] * BF16_PAIR + i[-1], i[-4] * BF16_LANES + i[-2])),
+                     name="B16")
+    r = te.reduce_axis((0, k), name="k")
+    return te.compute((*lead, int(a.shape[-2]), n), lambda *i: te.sum(
+        bf16_to_f32(a16(*i[:-1], r)) * bf16_to_f32(
+            b16(*i[:-2], i[-1] // BF16_LANES, r // BF16_PAIR, i[-1] % BF16_LANES, r % BF16_PAIR)),
+        axis=r), name=name)
+
+
+def matmul_stage(a: te.Tensor, b: te.Tensor, name: str = "C") -> te.Tensor:
+    """``a @ b`` over the last two axes in fp32 (leading axes batch both operands alike)."""
+    *lead, m, k = (int(d) for d in a.shape)
+    r = te.reduce_axis((0, k), name="k")
+    return te.compute((*lead, m, int(b.shape[-1])), lambda *i: te.sum(a(*i[:-1], r) * b(*i[:-2], r, i[-1]), axis=r),
+                      name=name)

@@ -54,8 +54,8 @@ from tvm import te
 
 from ansor.errors import WorkloadError
 
-from ..state.tensor_intrin import bf16_bits, bf16_bits_to_f32, bf16_to_f32, round_to_bf16
-from .te_ops import channel_op, conv_stage, out_size, pad_stage, relu_stage, softmax_stages
+from ..state.tensor_intrin import bf16_bits_to_f32, round_to_bf16
+from .te_ops import bf16_matmul, channel_op, conv_stage, out_size, pad_stage, relu_stage, softmax_stages
 
 logger = logging.getLogger("ansor")
 
@@ -144,18 +144,12 @@ def _matmul_workload(name: str, m: int, n: int, k: int, relu: bool = False) -> W
 
 
 def _bf16_matmul_workload(name: str, m: int, n: int, k: int) -> Workload:
-    """``matmul-MxNxK`` in bf16 as OpenVINO means it: both inputs rounded to bf16 (``A16``, and ``Bp``
+    """``matmul-MxNxK`` in bf16 as OpenVINO means it: both inputs rounded to bf16 (``A16``, and ``B16``
     packed in the k pairs of 16 columns the CPU's bf16 dot product reads), products and sums in fp32."""
     def make():
         A = te.placeholder((m, k), DTYPE, name="A")
         B = te.placeholder((k, n), DTYPE, name="B")
-        A16 = te.compute((m, k), lambda i, r: bf16_bits(A[i, r]), name="A16")
-        Bp = te.compute((n // 16, k // 2, 16, 2), lambda jo, ro, ji, ri: bf16_bits(B[ro * 2 + ri, jo * 16 + ji]),
-                        name="Bp")
-        r = te.reduce_axis((0, k), name="k")
-        C = te.compute((m, n), lambda i, j: te.sum(
-            bf16_to_f32(A16[i, r]) * bf16_to_f32(Bp[j // 16, r // 2, j % 16, r % 2]), axis=r), name="C")
-        return [A, B, C]
+        return [A, B, bf16_matmul(A, B, name="C")]
 
     def reference(ins):
         a, b = (bf16_bits_to_f32(round_to_bf16(x)).astype(np.float64) for x in ins[:2])
