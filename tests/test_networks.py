@@ -26,6 +26,7 @@ from ansor.log.measurement import MeasureResult
 from ansor.networks import (
     Network, NetworkError, TensorSpec, apply_schedules, apply_history_best, build, check_against_default,
     compare_outputs, extract, get_network, load_onnx, network_names, profile_calls, schedule_task,
+    time_networks,
 )
 from ansor.log.records import RecordWriter
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
@@ -171,6 +172,16 @@ def test_tuned_tiny_cnn_matches_default_build(extractions):
             assert tvm_ffi.structural_equal(tuned[t.global_vars[0]].body, want.body)
         comparison = check_against_default(ex, tuned, TARGET)
         assert comparison.ok, comparison
+
+
+def test_builds_timed_in_turn_get_a_timing_each(extractions):
+    net, ex = extractions["tiny-cnn"]
+    default = build(apply_schedules(ex.mod, ex.tasks, {}, target=TARGET), TARGET)
+    naive = {t.workload_key: t.task.compute_dag.init_state() for t in ex.tasks}
+    serial = build(apply_schedules(ex.mod, ex.tasks, naive, target=TARGET), TARGET)
+    timings = time_networks([default, serial], ex.network, target=TARGET, repeat=3, min_repeat_ms=1)
+    assert [t.repeats for t in timings] == [3, 3]
+    assert all(0 < t.min_ms <= t.median_ms <= t.max_ms and t.min_ms <= t.mean_ms <= t.max_ms for t in timings)
 
 
 @pytest.mark.timing

@@ -40,16 +40,16 @@ def evaluate_network(extraction, log: os.PathLike | Sequence[os.PathLike], targe
 
     The default build gives every task the parallel + vectorized default schedule; the tuned build
     replaces each task that has a valid record in ``log`` (a log or a list of logs) by its best schedule.
-    Timing runs in this process (``TVM_NUM_THREADS`` must already be set).
+    Timing runs in this process (``TVM_NUM_THREADS`` must already be set), the two builds in turn.
     """
-    from ..networks import apply_schedules, apply_history_best, build, compare_outputs, time_network
+    from ..networks import apply_schedules, apply_history_best, build, compare_outputs, time_networks
     tuned_mod = apply_history_best(extraction.mod, extraction.tasks, log, target=target)
     default_mod = apply_schedules(extraction.mod, extraction.tasks, {}, target=target)
     tuned_exe, default_exe = build(tuned_mod, target), build(default_mod, target)
     net = extraction.network
     comparison = compare_outputs(net, tuned_exe, default_exe, target, rtol=extraction.output_rtol)
-    default = time_network(default_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
-    tuned = time_network(tuned_exe, net, target=target, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    default, tuned = time_networks([default_exe, tuned_exe], net, target=target, repeat=repeat,
+                                   min_repeat_ms=min_repeat_ms)
     return NetworkEvaluation(default, tuned, comparison, tuned_task_count(extraction.tasks, log, target),
                              len(extraction.tasks), tuned_exe)
 

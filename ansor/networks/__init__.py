@@ -17,7 +17,7 @@ from .schedules import (
 from .default_schedule import copy_schedule, default_candidates, default_state, default_tir_schedule
 from .evaluate import (
     CallProfile, OutputComparison, Timing, build, check_against_default, compare_outputs, profile_calls, run,
-    runtime_threads, time_network,
+    runtime_threads, time_network, time_networks,
 )
 from .extract import Extraction, NetworkTask, SkippedFunc, extract, fuse
 from .network import Network, NetworkError, TensorSpec
@@ -30,5 +30,5 @@ __all__ = [
     "Timing", "apply_schedules", "apply_history_best", "build", "check_against_default", "compare_outputs",
     "ScheduledFunc", "copy_schedule", "default_candidates", "default_scheduled", "default_state", "default_tir_schedule", "describe_network",
     "extract", "fuse", "get_network", "load_onnx", "network_names",
-    "prepare", "profile_calls", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network",
+    "prepare", "profile_calls", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network", "time_networks",
 ]

@@ -17,7 +17,7 @@ CPU targets) the network-level selection re-times the few best states of the hea
 built network and keeps the combination that runs fastest there, if it beats the best measured states end
 to end (docs/networks.md; its time counts in --minutes). At the end the
 network is built twice, with the default schedules (parallel + vectorized) and with the best schedule of
-each tuned task; the two builds must give the same outputs, then both are timed.
+each tuned task; the two builds must give the same outputs, then both are timed in turn.
 
 Every measurement is appended to the log as soon as it finishes; after a crash, kill or Ctrl-C, rerun with
 --resume and nothing measured is measured again. Exit status: 0 done, 1 the tuned build gives wrong
