@@ -30,5 +30,6 @@ __all__ = [
     "Timing", "apply_schedules", "apply_history_best", "build", "check_against_default", "compare_outputs",
     "ScheduledFunc", "copy_schedule", "default_candidates", "default_scheduled", "default_state", "default_tir_schedule", "describe_network",
     "extract", "fuse", "get_network", "load_onnx", "network_names",
-    "prepare", "profile_calls", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network", "time_networks",
+    "prepare", "profile_calls", "run", "runtime_threads", "schedule_task", "scheduled_func", "time_network",
+    "time_networks",
 ]
