@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, ContextManager, Iterable, Optional, Protocol, Sequence
 
 import ray
@@ -80,6 +81,18 @@ class ProgramRunner(Protocol):
         """Release what it holds."""
 
 
+@dataclass
+class MeasureTotals:
+    """Where a measurer's time went, over every batch so far (wall seconds in this process; CPU seconds summed
+    over the build workers): what bounds a run's trials a minute on a given machine."""
+
+    batches: int = 0
+    build_s: float = 0.0  # the build phases, first submission to last result
+    build_cpu_s: float = 0.0  # the builds themselves, as their workers timed them
+    builds: int = 0  # candidates and reference programs built
+    run_s: float = 0.0  # the run phases: CPU leases, reference runs, candidates' checks and timing
+
+
 class ProgramMeasurer:
     """Builds and times candidates on Ray; use as a context manager (or call :meth:`close`).
 
@@ -130,6 +143,7 @@ class ProgramMeasurer:
         self.callbacks = list(callbacks)
         #: Where and when each build and run of the last batch happened (worker clocks where known).
         self.spans: list[Span] = []
+        self.totals = MeasureTotals()
         # Reference outputs by task key: (ObjectRef,) once computed, None if the reference failed twice.
         self._references: dict[str, Optional[tuple]] = {}
         #: Fastest cost timed so far by task key: what a candidate must come close to to be timed in full.
@@ -165,10 +179,12 @@ class ProgramMeasurer:
 
         # Build phase: the candidates and the missing references, all at once.
         n = len(tasks)
+        t0 = time.perf_counter()
         with self._lock.shared() if self._lock else nullcontext():
             builds = self._builder.build([(inp.task, inp.state) for inp in batch.inputs]
                                          + [(t, None) for t in references.values()],
                                          lambda i, res: batch.built(i, res) if i < n else None, handles)
+        t1 = time.perf_counter()
 
         # Run phase, on reserved CPUs: the references first, then every built candidate.
         needs_cpu = bool(references) or any(_runner_spec(t)[0] == "cpu" for t in tasks)
@@ -191,6 +207,12 @@ class ProgramMeasurer:
                 batch.ran(job.index, builds[job.index], reply)
 
             self._pool.run(self._probe_first_batch(jobs, done), done, self._bar)
+        totals = self.totals
+        totals.batches += 1
+        totals.build_s += t1 - t0
+        totals.build_cpu_s += sum(b.time_cost for b in builds)
+        totals.builds += len(builds)
+        totals.run_s += time.perf_counter() - t1
         return batch.results  # type: ignore[return-value]
 
     def _bar(self, job: RunJob) -> float:

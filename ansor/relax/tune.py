@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,31 @@ History = Mapping[str, Sequence[Record]]
 
 
 @dataclass
+class TimeSpent:
+    """Where a tuning run's wall time went, for its trials a minute on this machine (seconds)."""
+
+    seconds: float  # the whole call: Ray and runners started, first programs, the rounds
+    trials: int
+    search_s: float = 0.0  # proposing programs: sketches, sampling, evolution, cost-model predictions
+    build_s: float = 0.0  # build phases (the builds run in parallel on every CPU of the cluster)
+    build_cpu_s: float = 0.0  # the builds' own seconds, summed over the workers
+    builds: int = 0  # programs built: candidates, and each task's unscheduled reference once
+    run_s: float = 0.0  # run phases: each candidate checked and timed, each task's reference run once
+    train_s: float = 0.0  # retraining the cost model
+
+    @property
+    def other_s(self) -> float:
+        """Start-up (Ray, runners, the model, each task's first programs) and the rest between rounds."""
+        return max(0.0, self.seconds - self.search_s - self.build_s - self.run_s - self.train_s)
+
+    def __str__(self) -> str:
+        per_build = f", {self.build_cpu_s / self.builds:.2f} s a build" if self.builds else ""
+        return (f"{self.trials * 60 / max(self.seconds, 1e-9):.0f} trials a minute: search {self.search_s:.1f} s, "
+                f"builds {self.build_s:.1f} s ({self.build_cpu_s:.1f} worker-seconds{per_build}), runs "
+                f"{self.run_s:.1f} s, model training {self.train_s:.1f} s, start-up and the rest {self.other_s:.1f} s")
+
+
+@dataclass
 class NetworkTuneResult:
     """What :func:`tune_tasks` did.
 
@@ -57,6 +83,8 @@ class NetworkTuneResult:
         Records of the run's own log that counted towards the budget.
     reused
         Workload keys of the tasks the database had already tuned (measured 0 times here).
+    spent
+        Where the run's time went (``None`` when nothing was measured).
     """
 
     tasks: list[NetworkTask]
@@ -65,6 +93,7 @@ class NetworkTuneResult:
     measured: list[int]
     resumed: int = 0
     reused: list[str] = field(default_factory=list)
+    spent: Optional[TimeSpent] = None
 
     @property
     def total_measured(self) -> int:
@@ -121,6 +150,7 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
     """
     from ..task_scheduler import schedule_tasks
 
+    start = time.perf_counter()
     if not tasks:
         raise AnsorError("no task to tune (the model has no PrimFunc worth a search)")
     if strategy not in ("gradient", "round-robin"):
@@ -150,19 +180,32 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
             if res.ok:
                 best[inp.task.workload_key] = min(best.get(inp.task.workload_key, float("inf")), res.mean_cost)
 
+    spent = None
     if resumed < options.num_measure_trials and any(k not in reused for k in keys):
         model = make_cost_model(options, tasks[0].task.target)
         with measuring_into(path, options, on_round, [count]) as (measurer, round_done):
+            spent = TimeSpent(0.0, 0)
+
+            def spent_on(rnd) -> None:
+                spent.search_s += rnd.search_s
+                spent.train_s += rnd.train_s
+                round_done(rnd)
+
             schedule_tasks([t.task for t in tasks], [t.weight for t in tasks], options.num_measure_trials, measurer,
                            model, per_round=options.num_measures_per_round, strategy=strategy,
                            early_stopping=options.early_stopping, seed=options.seed, search=options.search,
-                           on_round=round_done, first=[first_candidates(t.task, options.pretrained) for t in tasks],
+                           on_round=spent_on, first=[first_candidates(t.task, options.pretrained) for t in tasks],
                            time_limit=time_limit, history=own, tuned_elsewhere=reused)
+            totals = getattr(measurer, "totals", None)  # a caller's measurer may keep none
+            if totals is not None:
+                spent.build_s, spent.build_cpu_s, spent.builds = totals.build_s, totals.build_cpu_s, totals.builds
+                spent.run_s = totals.run_s
+        spent.seconds, spent.trials = time.perf_counter() - start, sum(measured.values())
     else:
         logger.info("nothing to tune: %d resumed records, %d of %d tasks from the database", resumed,
                     len(reused), len(tasks))
     return NetworkTuneResult(list(tasks), path, [best.get(k, float("inf")) for k in keys],
-                             [measured[k] for k in keys], resumed, sorted(reused))
+                             [measured[k] for k in keys], resumed, sorted(reused), spent)
 
 
 def first_candidates(task: SearchTask, pretrained: bool) -> list[State]:

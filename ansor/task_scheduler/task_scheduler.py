@@ -167,6 +167,8 @@ class SchedulerRound:
     best_costs: list[float]
     objective: float
     seconds: float
+    search_s: float = 0.0  # of ``seconds``: proposing the round's programs
+    train_s: float = 0.0  # of ``seconds``: retraining the cost model on them
 
 
 def unseeded_tasks(first_sizes: Sequence[int]) -> list[bool]:
@@ -236,7 +238,7 @@ class _AllocatorSchedule:
         alloc.record(index, len(rnd.inputs), best)
         if self.on_round:
             self.on_round(SchedulerRound(index, trials, [t.best_cost for t in alloc.tasks], alloc.objective(),
-                                         rnd.seconds))
+                                         rnd.seconds, rnd.search_s, rnd.train_s))
 
     def exhausted(self, index: int, trials: int) -> None:
         self.alloc.tasks[index].dead = True

@@ -197,6 +197,8 @@ def tune(args: argparse.Namespace, extraction, log_file: Path, logs: list[Path],
     print(f"tuning: {result.total_measured} new trials ({table.resumed} resumed, {table.errors} failed, "
           f"{len(result.reused)} tasks from the database) in {time.time() - table.t0:.1f} s; log: {log_file}",
           file=sys.stderr)
+    if result.spent is not None and result.spent.trials:
+        print(f"time: {result.spent}", file=sys.stderr)
     for note in table.notes():
         print(note, file=sys.stderr)
     if select and result.total_measured:
