@@ -97,7 +97,7 @@ def test_tune_compile_export_and_run_without_ansor(tuned_a, tmp_path):
     assert all(c < float("inf") for c in result.best_costs)
     spent = result.spent  # where the time went: every part measured, none more than the whole
     assert spent.trials == 4 and spent.builds >= 4 and min(spent.build_s, spent.build_cpu_s, spent.run_s) > 0
-    assert spent.search_s + spent.build_s + spent.run_s + spent.train_s <= spent.seconds
+    assert spent.search_s + spent.build_s + spent.run_s <= spent.seconds
     assert len(keys_in(db.log_path("model-a"))) == 4
 
     exe = ansor.relax.compile_relax(ModelA, params, db.log_path("model-a"), TARGET)

@@ -79,7 +79,8 @@ def test_tiny_network_end_to_end(tuned):
     assert "fused_conv2d_add_relu" in proc.stderr and "[1,32,32,3]x[3,3,3,16]" in proc.stdout
     assert re.search(r"^Estimated total latency: \d+\.\d+ ms", proc.stdout, re.M), proc.stdout
     assert f"{TINY_TASKS} of {TINY_TASKS} tasks use tuned schedules" in proc.stdout
-    assert re.search(r"^time: \d+ trials a minute: search [\d.]+ s, builds [\d.]+ s", proc.stderr, re.M), proc.stderr
+    assert re.search(r"^time: \d+ trials a minute: search and cost model [\d.]+ s, builds [\d.]+ s", proc.stderr,
+                     re.M), proc.stderr
     # Searched rounds gave some tasks other states: the network-level selection re-timed them and said so.
     assert re.search(r"^network-level selection: \d+ heaviest tasks, their \d+ best states re-timed", proc.stderr,
                      re.M), proc.stderr[-2000:]

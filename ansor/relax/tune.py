@@ -46,23 +46,22 @@ class TimeSpent:
 
     seconds: float  # the whole call: Ray and runners started, first programs, the rounds
     trials: int
-    search_s: float = 0.0  # proposing programs: sketches, sampling, evolution, cost-model predictions
+    search_s: float = 0.0  # proposing programs (sketches, sampling, evolution) and the cost model's learning
     build_s: float = 0.0  # build phases (the builds run in parallel on every CPU of the cluster)
     build_cpu_s: float = 0.0  # the builds' own seconds, summed over the workers
     builds: int = 0  # programs built: candidates, and each task's unscheduled reference once
     run_s: float = 0.0  # run phases: each candidate checked and timed, each task's reference run once
-    train_s: float = 0.0  # retraining the cost model
 
     @property
     def other_s(self) -> float:
         """Start-up (Ray, runners, the model, each task's first programs) and the rest between rounds."""
-        return max(0.0, self.seconds - self.search_s - self.build_s - self.run_s - self.train_s)
+        return max(0.0, self.seconds - self.search_s - self.build_s - self.run_s)
 
     def __str__(self) -> str:
         per_build = f", {self.build_cpu_s / self.builds:.2f} s a build" if self.builds else ""
-        return (f"{self.trials * 60 / max(self.seconds, 1e-9):.0f} trials a minute: search {self.search_s:.1f} s, "
-                f"builds {self.build_s:.1f} s ({self.build_cpu_s:.1f} worker-seconds{per_build}), runs "
-                f"{self.run_s:.1f} s, model training {self.train_s:.1f} s, start-up and the rest {self.other_s:.1f} s")
+        return (f"{self.trials * 60 / max(self.seconds, 1e-9):.0f} trials a minute: search and cost model "
+                f"{self.search_s:.1f} s, builds {self.build_s:.1f} s ({self.build_cpu_s:.1f} worker-seconds"
+                f"{per_build}), runs {self.run_s:.1f} s, start-up and the rest {self.other_s:.1f} s")
 
 
 @dataclass
@@ -186,9 +185,8 @@ def tune_tasks(tasks: Sequence[NetworkTask], log_file: Union[str, os.PathLike], 
         with measuring_into(path, options, on_round, [count]) as (measurer, round_done):
             spent = TimeSpent(0.0, 0)
 
-            def spent_on(rnd) -> None:
-                spent.search_s += rnd.search_s
-                spent.train_s += rnd.train_s
+            def spent_on(rnd) -> None:  # the model retrains when next asked: its time is in the search's
+                spent.search_s += rnd.search_s + rnd.train_s
                 round_done(rnd)
 
             schedule_tasks([t.task for t in tasks], [t.weight for t in tasks], options.num_measure_trials, measurer,
