@@ -186,13 +186,14 @@ def test_builds_timed_in_turn_get_a_timing_each(extractions):
 
 @pytest.mark.timing
 @pytest.mark.slow
-def test_call_profile_times_every_kernel_call_of_an_inference(extractions):
+def test_call_profile_times_every_kernel_call_of_an_inference():
     """The in-place profile sees each task's kernels as often as the network calls them, and nothing the
     network does not call; a kernel doing more work shows as more milliseconds. Every task keeps its
     initial (serial, unvectorized) loop nest: parallel kernels this small take a few microseconds each
     whatever their work, the thread pool's wake-up dominating them (on a Zen 5, tiny-cnn's largest task
-    ran faster than its smallest one)."""
-    net, ex = extractions["tiny-cnn"]
+    ran faster than its smallest one). Its own extraction: the module's fixture extracts every network
+    (~10 s), and this test runs in the timing pass, alone."""
+    ex = extract(get_network("tiny-cnn", 1), TARGET)
     naive = {t.workload_key: t.task.compute_dag.init_state() for t in ex.tasks}
     exe = build(apply_schedules(ex.mod, ex.tasks, naive, target=TARGET), TARGET)
     profile = profile_calls(exe, ex.network, target=TARGET, repeat=3)
