@@ -138,6 +138,17 @@ def test_the_local_ray_listens_on_loopback_only(local_ray, matmul128, matmul_inp
     assert not exposed, exposed
 
 
+def test_the_local_rays_workers_run_at_the_tuners_priority(local_ray):
+    """Ray's default nice 15 starved builds and timings beside any process of normal priority."""
+    workers = ray.get([_niceness.remote() for _ in range(4)])
+    assert workers == [os.nice(0)] * 4, workers
+
+
+@ray.remote(num_cpus=1)
+def _niceness() -> int:
+    return os.nice(0)
+
+
 def test_build_errors_keep_input_order_and_cost_max(local_ray, matmul128, matmul_inputs):
     good = matmul_inputs(matmul128, 2)
     bad_step = matmul128.compute_dag.init_state()

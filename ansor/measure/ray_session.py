@@ -171,8 +171,11 @@ class RaySession:
         # batch's builds waited ~2-3 s for a fresh process to import TVM. Headroom alone still lost one now
         # and then, so an idle worker is also kept for IDLE_WORKER_KEEP_MS, longer than a run phase.
         soft_limit = (num_cpus or os.cpu_count() or 1) + 2
+        # Ray starts its workers at nice 15: our builders and runners then get a sliver of a core beside any
+        # process of normal priority. Beside two busy loops a build worker took 49 s to start instead of ~2,
+        # and a runner's timing would yield to any background job. They are the tuner's own work: nice 0.
         system_config = {"num_workers_soft_limit": soft_limit,
-                         "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS}
+                         "idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS, "worker_niceness": 0}
         loopback = LoopbackSettings()  # kept until close: workers started later inherit this environment
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
