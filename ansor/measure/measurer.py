@@ -244,8 +244,7 @@ class ProgramMeasurer:
         self._pool.run([replace(j) for j in fresh], probed, bar=lambda job: 0.0)  # copies: own crash counts
         # A probe far slower than the batch's best may have met a stall: run it once more, unchecked.
         again = [replace(j, reference=None) for j in fresh if probes[j.index].error_no == ErrorNo.NO_ERROR
-                 and probes[j.index].costs[0] > self.slow_factor * self.best_costs.get(j.handle.key, math.inf)
-                 and doubtful(probes[j.index].costs[0], self._run_config)]
+                 and doubtful(probes[j.index].costs[0], self.best_costs.get(j.handle.key, math.inf), self._run_config)]
         if again:
             def reprobed(job: RunJob, reply: RunReply) -> None:
                 if reply.error_no == ErrorNo.NO_ERROR and reply.costs[0] < probes[job.index].costs[0]:

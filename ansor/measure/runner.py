@@ -64,12 +64,13 @@ class RunConfig:
     slow_factor: float = 5.0
 
 
-def doubtful(probe_s: float, config: RunConfig) -> bool:
-    """Whether a probe that judged its program far slower than the best gets a second run, the faster of the
-    two deciding: one stall of a shared machine read a 0.11 ms matmul's single run at 4-34 ms (2-core Zen 3),
-    which would mark a fast program slow for good. A probe shorter than a full timing (``repeat`` x
-    ``min_repeat_ms``) costs less than that timing again; a longer one is too slow for a stall to matter."""
-    return probe_s * 1e3 < config.repeat * config.min_repeat_ms
+def doubtful(probe_s: float, best_s: float, config: RunConfig) -> bool:
+    """Whether a probe that judged its program far slower than the best (``slow_factor``) gets a second run, the
+    faster of the two deciding: one stall of a shared machine read a 0.11 ms matmul's single run at 4-34 ms
+    (2-core Zen 3), which would mark a fast program slow for good. A probe shorter than a full timing
+    (``repeat`` x ``min_repeat_ms``) costs less than that timing again; a longer one is too slow for a stall
+    to matter. No best yet (``inf``): nothing to be far slower than."""
+    return probe_s > config.slow_factor * best_s and probe_s * 1e3 < config.repeat * config.min_repeat_ms
 
 
 @dataclass
@@ -150,7 +151,7 @@ class Runner:
             flush = self._flush if config.enable_cpu_cache_flush else ""
             probe = module.time_evaluator("main", self._device, number=1, repeat=1, f_preproc=flush)
             costs = tuple(float(c) for c in probe(*args).results)
-            if 0 < best_cost < costs[0] / config.slow_factor and doubtful(costs[0], config):
+            if best_cost > 0 and doubtful(costs[0], best_cost, config):  # 0: a first batch's probe, kept
                 costs = (min(costs[0], float(probe(*args).results[0])),)
             if costs[0] <= config.slow_factor * best_cost:
                 # The count comes from the probe: TVM's own min_repeat_ms loop would re-run a whole repeat
