@@ -86,7 +86,6 @@ class MeasureTotals:
     """Where a measurer's time went, over every batch so far (wall seconds in this process; CPU seconds summed
     over the build workers): what bounds a run's trials a minute on a given machine."""
 
-    batches: int = 0
     build_s: float = 0.0  # the build phases, first submission to last result
     build_cpu_s: float = 0.0  # the builds themselves, as their workers timed them
     builds: int = 0  # candidates and reference programs built
@@ -208,7 +207,6 @@ class ProgramMeasurer:
 
             self._pool.run(self._probe_first_batch(jobs, done), done, self._bar)
         totals = self.totals
-        totals.batches += 1
         totals.build_s += t1 - t0
         totals.build_cpu_s += sum(b.time_cost for b in builds)
         totals.builds += len(builds)

@@ -181,12 +181,13 @@ def time_networks(executables: Sequence[tvm.runtime.Executable], network: Networ
             j = (r + k) % len(timers)  # each round starts with the next build: none always follows the same one
             timer, args = timers[j]
             ms[j].append(float(timer(*args).results[0]) * 1e3)
+    threads = runtime_threads()
     timings = [Timing(float(np.mean(t)), float(np.median(t)), float(np.max(t)), float(np.min(t)), float(np.std(t)),
-                      runtime_threads(), len(t)) for t in ms]
+                      threads, len(t)) for t in ms]
     cores = target.attrs.get("num-cores")
-    if cores is not None and device_kind(target).thread_pool and int(cores) != runtime_threads():
+    if cores is not None and device_kind(target).thread_pool and int(cores) != threads:
         logger.warning("%s was timed with %d TVM threads but the target has %d cores: set TVM_NUM_THREADS=%d "
-                       "before the process starts TVM", network.name, runtime_threads(), int(cores), int(cores))
+                       "before the process starts TVM", network.name, threads, int(cores), int(cores))
     for timing in timings:
         logger.info("%s: %s", network.name, timing)
     return timings
