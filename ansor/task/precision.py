@@ -56,11 +56,10 @@ def in_precision(func: tvm.tirx.PrimFunc, precision: Precision) -> tvm.tirx.Prim
 
     from .te_ops import BF16_LANES, BF16_PAIR, bf16_matmul
     shapes = [_static_shape(p) for p in func.params]
-    dtypes = {str(p.dtype) for p in func.params}
-    if len(shapes) == 3 and None not in shapes and dtypes == {"float32"}:
+    if {str(p.dtype) for p in func.params} == {"float32"} and _matmul_shapes(shapes):
         a = te.placeholder(shapes[0], "float32", name="A")
         b = te.placeholder(shapes[1], "float32", name="B")
-        if _is_matmul(func, a, b, shapes[2]):
+        if _is_matmul(func, a, b):
             k, n = shapes[1][-2:]
             if n % BF16_LANES or k % BF16_PAIR:
                 raise WorkloadError(f"a bf16 matmul needs N a multiple of {BF16_LANES} and K even (the bf16 unit's k "
@@ -78,15 +77,19 @@ def _static_shape(param: tvm.tirx.Var) -> tuple[int, ...] | None:
     return tuple(int(d) for d in dims)
 
 
-def _is_matmul(func: tvm.tirx.PrimFunc, a: te.Tensor, b: te.Tensor, out: tuple[int, ...]) -> bool:
-    """Whether ``func`` computes exactly ``a @ b`` into a buffer of shape ``out`` (names aside)."""
+def _matmul_shapes(shapes: list[tuple[int, ...] | None]) -> bool:
+    """Three static shapes ``[..., M, K]``, ``[..., K, N]``, ``[..., M, N]`` with the same leading axes."""
+    if len(shapes) != 3 or any(s is None or len(s) < 2 for s in shapes):
+        return False
+    (*lead, m, k), (*lead_b, k_b, n), out = shapes
+    return lead == lead_b and k == k_b and out == (*lead, m, n)
+
+
+def _is_matmul(func: tvm.tirx.PrimFunc, a: te.Tensor, b: te.Tensor) -> bool:
+    """Whether ``func`` computes exactly ``a @ b`` (names aside)."""
     import tvm_ffi
     from tvm import te
 
     from .te_ops import matmul_stage
-    lead, (m, k), (k2, n) = a.shape[:-2], a.shape[-2:], b.shape[-2:]
-    if [int(d) for d in b.shape[:-2]] != [int(d) for d in lead] or int(k) != int(k2) \
-            or out != (*(int(d) for d in lead), int(m), int(n)):
-        return False
     ref = te.create_prim_func([a, b, matmul_stage(a, b)])
     return tvm_ffi.structural_equal(func.body, ref.body, map_free_vars=True)

@@ -167,8 +167,8 @@ class SchedulerRound:
     best_costs: list[float]
     objective: float
     seconds: float
-    search_s: float = 0.0  # of ``seconds``: proposing the round's programs
-    train_s: float = 0.0  # of ``seconds``: retraining the cost model on them
+    search_s: float = 0.0  # of ``seconds``: proposing the round's programs (the model retrains here, when asked)
+    train_s: float = 0.0  # of ``seconds``: handing the results to the policy and the model
 
 
 def unseeded_tasks(first_sizes: Sequence[int]) -> list[bool]:
