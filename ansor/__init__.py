@@ -15,7 +15,10 @@ from importlib import import_module
 from typing import Any
 
 from .errors import AnsorError, RecordError, StepError, TargetError, WorkloadError
+from .torchless import keep_torch_out_of_workers
 from .version import __version__
+
+keep_torch_out_of_workers()  # before anything imports TVM in this process
 
 _LAZY = {
     "ComputeDAG": ".state.compute_dag",

@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ansor"
 #: The layers of docs/design.md, bottom-up: a module belongs to the first entry its name starts with, so the
 #: folders are the layers. A module imports its own layer and the ones below, never one above.
 LAYERS = (
-    ("ansor.errors", "ansor.version", "ansor.arguments", "ansor.host_cpu", "ansor.target", "ansor.codegen"),
+    ("ansor.errors", "ansor.version", "ansor.torchless", "ansor.arguments", "ansor.host_cpu", "ansor.target",
+     "ansor.codegen"),
     ("ansor.state",),
     ("ansor.task",),
     ("ansor.log",),

@@ -4,6 +4,7 @@ import itertools
 import logging
 import os
 import re
+import sys
 import time
 
 import numpy as np
@@ -147,6 +148,17 @@ def test_the_local_rays_workers_run_at_the_tuners_priority(local_ray):
 @ray.remote(num_cpus=1)
 def _niceness() -> int:
     return os.nice(0)
+
+
+def test_the_workers_never_import_torch(local_ray):
+    """tvm_ffi imports torch where it is installed: 3-8 s and 650 MB more in every worker. Ours block it."""
+    def torch_after_tvm() -> object:  # nested, so pickled by value: the worker imports no test module first
+        import ansor.measure.builder  # noqa: F401  (what a build worker imports: ansor, then TVM)
+        return sys.modules.get("torch", "absent")  # None is the block, not an absence
+
+    probe = ray.remote(num_cpus=1)(torch_after_tvm)
+    assert ray.get([probe.remote() for _ in range(2)]) == [None, None]
+    assert "torch" not in sys.modules or sys.modules["torch"] is not None  # the tuner's own process is left alone
 
 
 def test_build_errors_keep_input_order_and_cost_max(local_ray, matmul128, matmul_inputs):

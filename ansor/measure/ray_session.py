@@ -26,6 +26,7 @@ import ray
 from ray._private import ray_constants
 
 from ..errors import AnsorError, short_message
+from ..torchless import WORKER_ENV
 
 logger = logging.getLogger("ansor")
 
@@ -47,6 +48,9 @@ LOOPBACK_ENV = {
     "RAY_USAGE_STATS_PROMPT_ENABLED": "0",
 }
 LOOPBACK_IP = "127.0.0.1"
+#: The job's environment in every worker, ours or joined: marks them as measurement workers, which keep
+#: torch out (:mod:`ansor.torchless`). Ray merges an actor's own ``env_vars`` with these.
+WORKER_RUNTIME_ENV = {"env_vars": {WORKER_ENV: "1"}}
 
 
 class RayUnavailableError(AnsorError):
@@ -152,7 +156,7 @@ class RaySession:
         if "://" not in address and address != "auto":  # Ray Client has its own timeout; auto looks locally
             _check_reachable(address)
         try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, runtime_env=WORKER_RUNTIME_ENV)
         except Exception as err:  # ConnectionError, RuntimeError, grpc errors...: all say "cannot join"
             raise RayUnavailableError(f"cannot join the Ray cluster at {address}: {short_message(err)} "
                                       "(give --ray-address HOST:PORT of a running cluster's head, "
@@ -180,7 +184,7 @@ class RaySession:
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                      object_store_memory=object_store_memory, _temp_dir=temp_dir, _node_ip_address=LOOPBACK_IP,
-                     logging_level=logging.ERROR, _system_config=system_config)
+                     logging_level=logging.ERROR, _system_config=system_config, runtime_env=WORKER_RUNTIME_ENV)
             node_ip = ray.util.get_node_ip_address()
             if not ipaddress.ip_address(node_ip).is_loopback:
                 raise RayUnavailableError(f"the local Ray instance took {node_ip} as its address instead of "
