@@ -13,7 +13,9 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import logging
+import glob
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -37,6 +39,8 @@ TEMP_PREFIX = "ansor-ray-"
 #: How long an idle worker beyond Ray's soft limit lives (Ray's default: 1 s). Longer than a batch's run
 #: phase, during which the CPU hold leaves build workers idle; the cost is a worker's memory for 10 s.
 IDLE_WORKER_KEEP_MS = 10_000
+#: Bytes read from the end of a dead worker's stderr to find why it died (Ray's and Python's crash reports).
+DEATH_LOG_TAIL = 64 * 1024
 #: Seconds to wait for a cluster given by address to answer before calling it unreachable.
 CONNECT_TIMEOUT_S = 10.0
 
@@ -156,7 +160,8 @@ class RaySession:
         if "://" not in address and address != "auto":  # Ray Client has its own timeout; auto looks locally
             _check_reachable(address)
         try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING, runtime_env=WORKER_RUNTIME_ENV)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING,
+                     runtime_env=WORKER_RUNTIME_ENV)
         except Exception as err:  # ConnectionError, RuntimeError, grpc errors...: all say "cannot join"
             raise RayUnavailableError(f"cannot join the Ray cluster at {address}: {short_message(err)} "
                                       "(give --ray-address HOST:PORT of a running cluster's head, "
@@ -299,6 +304,30 @@ def node_alive(node_id: str) -> bool:
 def current_node() -> str:
     """Id of the node this process runs on (driver or worker)."""
     return ray.get_runtime_context().get_node_id()
+
+
+def death_cause(err: BaseException) -> Optional[str]:
+    """Why the worker behind Ray's "actor died" error died, read from its log when that lies on this machine.
+
+    Ray's own message only lists possible causes (OOM killer, ``ray stop``, a crash); the worker's stderr
+    holds the signal Ray's handler saw and Python's fatal-error line, e.g. ``SIGSEGV (Fatal Python error:
+    Segmentation fault)``. ``None`` when the log is elsewhere (another node) or says nothing of either.
+    """
+    pid = re.search(r"\bpid: (\d+)", str(err))
+    try:
+        logs = ray._private.worker.global_worker.node.get_logs_dir_path()
+    except Exception:  # a Ray Client connection, or no local node: the log is not here
+        return None
+    found = glob.glob(os.path.join(logs, f"worker-*-{pid.group(1)}.err")) if pid else []
+    if not found:
+        return None
+    with open(found[0], "rb") as f:
+        f.seek(max(0, os.path.getsize(found[0]) - DEATH_LOG_TAIL))
+        tail = f.read().decode(errors="replace")
+    signals = re.findall(r"\*\*\* (SIG[A-Z]+) received", tail)
+    fatal = re.findall(r"^Fatal Python error: (.+)$", tail, re.MULTILINE)
+    words = signals[-1:] + [f"Fatal Python error: {line}" for line in fatal[-1:]]
+    return ", ".join(words) or None
 
 
 @ray.remote(num_gpus=1, max_retries=0)

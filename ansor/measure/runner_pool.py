@@ -13,7 +13,9 @@ no build, ours or anyone's, on that node; builds and runs alternate per batch.
 
 A run that outlives its timeout gets its actor killed (the hung kernel dies with the process) and
 ``RUN_TIMEOUT``. An actor that dies mid-run (segfault, ``abort``, or killed for memory) is replaced and the
-candidate runs once more on the fresh actor: dying twice costs it ``RUNTIME_DEVICE``. When the node itself
+candidate runs once more on the fresh actor: dying twice costs it ``RUNTIME_DEVICE``, with the cause the dead
+worker's log gives when it is on this machine (``SIGSEGV``, ``SIGABRT``: :func:`ray_session.death_cause`;
+Ray's own message only lists possible causes). When the node itself
 is gone, or its runner does not start, the job is queued again for another lane (at most
 :data:`MAX_NODE_LOSSES` times), never dropped; a job that keeps losing its lanes, and one left with no
 live lane, fails with ``INFRA_ERROR``, which says nothing about the candidate. So does a candidate whose
@@ -35,7 +37,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..state.layout_rewrite import PackedLayout
 from ..log.measurement import ErrorNo, MAX_COST, error_text
-from .ray_session import alive_nodes, current_node, node_alive
+from .ray_session import alive_nodes, current_node, death_cause, node_alive
 from .runner import RunConfig, Runner, RunReply
 from .shipping import TaskHandle
 
@@ -337,15 +339,15 @@ class RunnerPool:
             self._end_call(lane, kill=True)
             job.crashes += 1
             killed_for_memory = _killed_for_memory(err)
+            cause = "killed for the node's memory" if killed_for_memory else death_cause(err) or "crash"
             if job.crashes < MAX_CRASHES:
                 logger.info("a runner on node %s died (%s); running its candidate again on a fresh one",
-                            lane.node, "killed for the node's memory" if killed_for_memory else "crash")
+                            lane.node, cause)
                 queues[job.device].appendleft(job)
                 return
             code = ErrorNo.INFRA_ERROR if killed_for_memory else ErrorNo.RUNTIME_DEVICE
             reply = _failure(code, lane.node, lane.started, f"the runner process died running this candidate "
-                             f"{job.crashes} times ({'killed for memory' if killed_for_memory else 'crash'}): "
-                             f"{error_text(err)}")
+                             f"{job.crashes} times ({cause}): {error_text(err)}")
         except ray.exceptions.RayError as err:  # an exception inside the runner: a bug, not the candidate
             reply = _failure(ErrorNo.UNKNOWN_ERROR, lane.node, lane.started, error_text(err))
         self._end_call(lane, kill=False)
