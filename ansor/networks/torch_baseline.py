@@ -50,6 +50,9 @@ logger = logging.getLogger("ansor")
 
 #: Built-in networks that have a PyTorch definition here, in the registry's order.
 TORCH_NETWORKS = ("resnet-50", "mobilenet-v2", "resnet3d-18", "bert", "dcgan")
+#: How the baseline runs: ``eager``, or ``torch.compile`` (its default mode: Inductor) for the GPU rows of
+#: ``ansor bench --target cuda``.
+TORCH_MODES = ("eager", "torch.compile")
 
 _INIT = "_ansor_init"  # attribute of a torch Parameter: (mean, std) of the normal it is drawn from
 
@@ -356,48 +359,75 @@ def torch_inputs(network: Network, seed: int = 0) -> list["torch.Tensor"]:
 
 
 def time_torch(name: str, batch_size: int, threads: int, repeat: int = REPORT.repeat,
-               min_repeat_ms: int = REPORT.min_repeat_ms, warmup: int = 3) -> Timing:
-    """Time the PyTorch eager model of a built-in network, as :func:`~ansor.networks.time_network` does.
+               min_repeat_ms: int = REPORT.min_repeat_ms, warmup: int = 3, device: str = "cpu",
+               mode: str = "eager") -> Timing:
+    """Time the PyTorch model of a built-in network once (:class:`TorchBaseline`, whose arguments these are)."""
+    return TorchBaseline(name, batch_size, device, mode).time(threads, repeat, min_repeat_ms, warmup)
 
-    ``torch.set_num_threads(threads)`` for the measurement (pass the target's core count; the previous
-    count is restored afterwards). ``warmup`` runs come first, since PyTorch's first calls create oneDNN
-    primitives and allocate memory. Then each of ``repeat`` repeats runs the model as often as fits in
-    ``min_repeat_ms`` (estimated from one timed run) and records the average; the statistics are over the
-    repeats, like the VM timer's.
+
+class TorchBaseline:
+    """A built-in network's PyTorch model on ``device``, made (and with ``mode="torch.compile"``, compiled)
+    once, timed as :func:`~ansor.networks.time_network` times a build.
+
+    ``device="cuda"``: on the GPU, in float32 with TF32 off (as ansor computes), synchronized before each
+    clock reading.
 
     Raises
     ------
     TorchUnavailableError
-        PyTorch cannot be imported.
+        PyTorch cannot be imported, or ``device`` is ``cuda`` and PyTorch sees no GPU.
     NetworkError
-        No PyTorch definition of ``name``, an unknown name, or a bad batch size, thread or repeat count.
+        No PyTorch definition of ``name``, an unknown name, mode or device, or a bad batch size.
     """
-    torch = import_torch()
-    if threads < 1 or repeat < 1:
-        raise NetworkError(f"threads and repeat must be positive, got {threads} and {repeat}")
-    network = get_network(name, batch_size)
-    model = make_torch_model(name)
-    inputs = torch_inputs(network)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.inference_mode():
-            for _ in range(warmup):
-                model(*inputs)
-            start = time.perf_counter()
-            model(*inputs)
-            number = max(1, math.ceil(min_repeat_ms / 1e3 / (time.perf_counter() - start)))
-            ms = []
-            for _ in range(repeat):
-                start = time.perf_counter()
-                for _ in range(number):
+
+    def __init__(self, name: str, batch_size: int, device: str = "cpu", mode: str = "eager"):
+        torch = self.torch = import_torch()
+        if mode not in TORCH_MODES or device not in ("cpu", "cuda"):
+            raise NetworkError(f"PyTorch runs {mode!r} on {device!r}: choose a mode from "
+                               f"{', '.join(TORCH_MODES)} and the device cpu or cuda")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise TorchUnavailableError(f"PyTorch {torch.__version__} sees no CUDA GPU")
+        self.name, self.device, self.mode = name, device, mode
+        model = make_torch_model(name).to(device)
+        self.model = torch.compile(model) if mode == "torch.compile" else model
+        self.inputs = [x.to(device) for x in torch_inputs(get_network(name, batch_size))]
+
+    def time(self, threads: int, repeat: int = REPORT.repeat, min_repeat_ms: int = REPORT.min_repeat_ms,
+             warmup: int = 3) -> Timing:
+        """``torch.set_num_threads(threads)`` for the measurement (pass the target's core count; the
+        previous count is restored afterwards). ``warmup`` runs come first, since PyTorch's first calls
+        create oneDNN primitives and allocate memory (and compile, for ``torch.compile``). Then each of
+        ``repeat`` repeats runs the model as often as fits in ``min_repeat_ms`` (estimated from one timed
+        run) and records the average; the statistics are over the repeats, like the VM timer's."""
+        torch, model, inputs = self.torch, self.model, self.inputs
+        if threads < 1 or repeat < 1:
+            raise NetworkError(f"threads and repeat must be positive, got {threads} and {repeat}")
+        sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
+        previous = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        try:
+            with torch.inference_mode():
+                for _ in range(warmup):
                     model(*inputs)
-                ms.append((time.perf_counter() - start) / number * 1e3)
-        used = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(previous)
-    values = np.asarray(ms)
-    timing = Timing(float(values.mean()), float(np.median(values)), float(values.max()), float(values.min()),
-                    float(values.std()), used, len(values))
-    logger.info("%s (PyTorch %s eager): %s", name, torch.__version__, timing)
-    return timing
+                sync()
+                start = time.perf_counter()
+                model(*inputs)
+                sync()
+                number = max(1, math.ceil(min_repeat_ms / 1e3 / (time.perf_counter() - start)))
+                ms = []
+                for _ in range(repeat):
+                    start = time.perf_counter()
+                    for _ in range(number):
+                        model(*inputs)
+                    sync()
+                    ms.append((time.perf_counter() - start) / number * 1e3)
+            used = torch.get_num_threads()
+        finally:
+            torch.set_num_threads(previous[0])
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous[1:]
+        values = np.asarray(ms)
+        timing = Timing(float(values.mean()), float(np.median(values)), float(values.max()), float(values.min()),
+                        float(values.std()), used, len(values))
+        logger.info("%s (PyTorch %s %s on %s): %s", self.name, torch.__version__, self.mode, self.device, timing)
+        return timing
