@@ -114,6 +114,25 @@ def test_eval_only_applies_the_log_without_measuring(tuned, tmp_path):
     assert f"{TINY_TASKS} of {TINY_TASKS} tasks use tuned schedules" in proc.stdout
 
 
+def test_the_gpu_benchmarks_flow_on_the_cpu(tuned):
+    """``ansor bench --target cuda``'s model run (ansor/bench/gpu.py) with the shared log on this CPU: the same
+    code up to the device (no GPU here), each contender timed every round, PyTorch's rows timed or missing."""
+    import argparse
+    from ansor.bench.gpu import DEFAULT, OURS, TORCH_ROWS, bench_gpu_model
+    from ansor.target import host_target
+
+    log, proc = tuned
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = argparse.Namespace(log=str(log), repeat=2, rounds=2, pause=0.0)
+    report = bench_gpu_model("tiny-cnn", args, host_target(), log.parent)
+    assert (report.trials, report.failed) == (TINY_TRIALS, 0) and report.tuning_s > 0
+    assert report.outputs_agree.startswith("equal"), report.outputs_agree
+    assert [len(report.rounds[name]) for name in (OURS, DEFAULT)] == [2, 2]
+    assert all(ms > 0 for times in report.rounds.values() for ms in times)
+    for row in TORCH_ROWS.values():  # tiny-cnn has no PyTorch definition (or PyTorch is not installed)
+        assert row not in report.rounds and report.missing[row], report.missing
+
+
 BAD_INPUT = [
     (["--network", "no-such-net"], "valid names: resnet-50, mobilenet-v2"),
     ([], "--network NAME"),

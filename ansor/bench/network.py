@@ -8,6 +8,7 @@ run (also ``scripts/bench/bench_network.py``).
   ansor bench --models resnet-50 --metaschedule    # also MetaSchedule, same trials
   ansor bench --write-docs .                       # also write the figures into ./docs/benchmarks.md
   ansor bench --zoo --work-dir logs/zoo            # the model zoo (22 models, hours; a rerun resumes)
+  ansor bench --target cuda --minutes 5            # this machine's GPU against PyTorch (ansor/bench/gpu.py)
 
 For each model:
 
@@ -286,6 +287,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..arguments import (
         MINUTES, REPEATS, TRIALS, ExistingFile, Number, OutputDir, OutputFile, Text, add_precision_arg,
     )
+    parser.add_argument("--target", choices=("host", "cuda"), default="host",
+                        help="where the networks run: host (this CPU, against ONNX Runtime and OpenVINO; default) "
+                             "or cuda (this machine's GPU, against TVM's default GPU build, PyTorch eager and "
+                             "torch.compile: ansor/bench/gpu.py)")
     parser.add_argument("--models", nargs="+", default=None, metavar="NAME", type=Text("a model name", "bert"),
                         help="built-in networks, exported from their PyTorch definitions (default: "
                              f"{' '.join(MODELS)}; needs the torch extra); with --zoo, the zoo's models "

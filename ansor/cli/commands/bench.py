@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
+    from ...bench.gpu import run_gpu
     from ...bench.network import run
     from ...bench.zoo_bench import run_zoo
     from ..running import run_main
-    return run_main(run_zoo if args.zoo else run, args)
+    return run_main(run_gpu if args.target == "cuda" else run_zoo if args.zoo else run, args)

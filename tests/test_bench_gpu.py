@@ -1,0 +1,46 @@
+"""``ansor bench --target cuda`` where it cannot run: one ``error:`` line and exit status 2 for a machine without
+a GPU and for flags of the CPU benchmarks. Its model run is tested on the CPU with a real tuning log in
+test_tune_network.py; its rounds' order here."""
+
+import subprocess
+import sys
+
+import pytest
+import tvm
+
+from ansor.bench.gpu import in_turn
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ansor", "bench", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.skipif(tvm.cuda(0).exist, reason="this machine has a GPU: the benchmark would run")
+def test_without_a_gpu_it_is_one_error_line():
+    proc = bench("--target", "cuda", "--models", "resnet-50", "--minutes", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: --target cuda times the tuned network on this machine's GPU, and TVM finds no CUDA device here; "
+        "run it on the GPU machine"]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--zoo"], "--zoo is for CPU benchmarks"),
+    (["--metaschedule"], "--metaschedule is for CPU benchmarks"),
+    (["--precision", "bf16"], "float32 only"),
+    (["--models", "tiny-cnn"], "no PyTorch definition of tiny-cnn (choose from resnet-50"),
+    (["--models", "resnet-50", "bert", "--log", __file__], "--log evaluates one model"),
+])
+def test_flags_it_cannot_honour_are_one_error_line(flags, needle):
+    proc = bench("--target", "cuda", *flags)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+def test_rounds_start_with_each_contender_in_turn():
+    order = []
+    timed = in_turn({name: (lambda n=name: order.append(n) or float(len(order))) for name in "abc"}, 4, 0.0)
+    assert order == list("abc" "bca" "cab" "abc")
+    assert timed == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}
