@@ -4,7 +4,7 @@
 and most users of a tensor compiler have torch installed. Every Ray worker that builds or times a candidate
 imports TVM, so each paid for torch too: on a Zen 3, ``import tvm`` took 4.8-10 s and 850 MB of memory
 beside torch 2.14, 1.5 s and 195 MB without it, in every build worker, every runner and every restart of
-one. Nothing a worker runs touches torch, so :mod:`ansor.measure.ray_session` marks the job's workers with
+one. Nothing a worker runs touches torch, so :mod:`ansor.measure.ray_session` marks Ray's workers with
 :data:`WORKER_ENV` and the package's import (``ansor/__init__``, the first thing a worker runs of ours)
 makes ``import torch`` fail there; ``tvm_ffi`` treats that as torch not being installed.
 """

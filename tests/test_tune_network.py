@@ -114,6 +114,17 @@ def test_eval_only_applies_the_log_without_measuring(tuned, tmp_path):
     assert f"{TINY_TASKS} of {TINY_TASKS} tasks use tuned schedules" in proc.stdout
 
 
+def test_no_eval_tunes_and_stops(tmp_path):
+    """``--no-eval`` (what ``ansor bench --target cuda`` tunes with): the log, the tasks' table, no final builds."""
+    log = tmp_path / "tiny.json"
+    proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", 2, "--per-round", 2, "--no-eval",
+               "--log-file", log)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(records(log)) == 2 and re.search(r"^tuning: 2 new trials", proc.stderr, re.M), proc.stderr
+    assert "building the default and the tuned network" not in proc.stderr
+    assert "Mean inference time" not in proc.stdout and "Estimated total latency" in proc.stdout
+
+
 def test_the_gpu_benchmarks_flow_on_the_cpu(tuned):
     """``ansor bench --target cuda``'s model run (ansor/bench/gpu.py) with the shared log on this CPU: the same
     code up to the device (no GPU here), each contender timed every round, PyTorch's rows timed or missing."""
@@ -143,6 +154,8 @@ BAD_INPUT = [
     (["--network", "tiny-cnn", "--batch-size", "0"], "--batch-size must be an integer from 1"),
     (["--network", "tiny-cnn", "--eval-only"], "logs/tiny-cnn-b1.json does not exist"),
     (["--network", "tiny-cnn", "--seed", "-1"], "--seed must be an integer from 0"),
+    (["--network", "tiny-cnn", "--no-eval", "--eval-only"], "--no-eval skips the final build, which --eval-only"),
+    (["--network", "tiny-cnn", "--no-eval", "--export", "{tmp}/deploy"], "which --export needs"),
 ]
 
 
@@ -192,7 +205,7 @@ def test_help_explains_every_flag():
     out = run("tune_network.py", "--help", timeout=60).stdout
     for flag in ("--network", "--onnx", "--batch-size", "--n-trials", "--target", "--log-file", "--resume",
                  "--ray-address", "--eval-only", "--per-round", "--strategy", "--early-stopping", "--cost-model",
-                 "--load-model", "--seed", "--build-memory-gib"):
+                 "--load-model", "--seed", "--build-memory-gib", "--no-eval"):
         assert flag in out
 
 

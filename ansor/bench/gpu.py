@@ -127,7 +127,7 @@ def bench_gpu_model(name: str, args: argparse.Namespace, target, work: Path) -> 
     else:
         log = work / f"{name}-{target.kind.name}.json"
         print(f"{name}: tuning for up to {args.minutes:g} minutes for {target.kind.name} ...", flush=True)
-        flags = ["--target", str(target)] + (["--no-pretrained"] if args.no_pretrained else [])
+        flags = ["--target", str(target), "--no-eval"] + (["--no-pretrained"] if args.no_pretrained else [])
         report.tuning_s, _, _ = tune(Path(name), log, args.minutes, args.n_trials, flags)
         report.trials, report.failed, _ = log_summary(log)
     extraction = extract(get_network(name, 1), target)

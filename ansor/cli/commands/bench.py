@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 NAME = "bench"
-SUMMARY = "tune networks and time them against ONNX Runtime and OpenVINO (needs the bench extra)"
+SUMMARY = ("tune networks and time them against ONNX Runtime and OpenVINO (needs the bench extra), or with --target "
+           "cuda against PyTorch on the GPU")
 
 
 def description() -> str:

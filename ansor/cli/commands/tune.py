@@ -75,6 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_pool_probe_arg(parser, "with --export: ")
     parser.add_argument("--eval-only", action="store_true",
                         help="no tuning: apply the best schedules of --log-file and report the timing table")
+    parser.add_argument("--no-eval", action="store_true",
+                        help="tune only: no final build, output check or timing of the default and tuned networks "
+                             "(a CUDA network's two builds take minutes; --eval-only or ansor bench --log do them "
+                             "later)")
     parser.add_argument("--per-round", type=PER_ROUND, default=16,
                         help="measurements per scheduler round, all of one task (default 16; a task's warm-up "
                              "round measures only its default schedule and seeds)")
@@ -117,9 +121,12 @@ def run(args: argparse.Namespace, log) -> int:
     from ..options import network_precision, open_database
     from ..targets import announce_target, parse_target_and_threads
 
+    from ...errors import AnsorError
     if args.select == 1:
-        from ...errors import AnsorError
         raise AnsorError("--select 1 compares nothing: give 0 (no selection) or 2 or more states per task")
+    if args.no_eval and (args.eval_only or args.export):
+        raise AnsorError(f"--no-eval skips the final build, which {'--eval-only' if args.eval_only else '--export'} "
+                         "needs: give one or the other")
     target = parse_target_and_threads(args.target, args.ray_address, runs_here=True)  # sets TVM_NUM_THREADS first
     precision = network_precision(args, target)
     net = load_network(args.network, args.onnx, args.batch_size)
@@ -153,6 +160,8 @@ def run(args: argparse.Namespace, log) -> int:
         existing = [p for p in logs if p.exists()]
         table.load(distinct_records(load_records(existing, target=target)) if existing else [])
     print("\n".join(table.render(final=True)))
+    if args.no_eval:
+        return 0
     return report(args, net, extraction, target, [p for p in logs if p.exists()], table)
 
 
