@@ -190,8 +190,12 @@ def gpu_markdown(reports: list[GpuReport], provenance: Provenance, minutes: floa
 
 def run_gpu(args: argparse.Namespace) -> int:
     """The command with ``--target cuda``."""
+    from ..target import physical_cores
     models = check_flags(args)
     gpu, arch = local_gpu()
+    # Before any kernel runs here: TVM's CPU runtime pins this process to its first TVM_NUM_THREADS cores
+    # (half of them by default), and the next model's tuning subprocess would inherit that.
+    os.environ["TVM_NUM_THREADS"] = str(physical_cores())
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="ansor-bench-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"GPU: {gpu} ({arch}); host {cpu_description()}\nwork dir {work}", flush=True)

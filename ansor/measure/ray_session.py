@@ -52,10 +52,9 @@ LOOPBACK_ENV = {
     "RAY_USAGE_STATS_PROMPT_ENABLED": "0",
 }
 LOOPBACK_IP = "127.0.0.1"
-#: The job's environment in a joined cluster's workers: marks them as measurement workers, which keep torch
-#: out (:mod:`ansor.torchless`); Ray merges an actor's own ``env_vars`` with these. Not for the embedded
-#: instance: a job runtime_env made its first tasks wait 2.9 s for workers instead of 1.65 s at every start
-#: (its raylet gets the mark in its environment instead, :func:`_worker_mark`).
+#: A joined cluster's workers' mark (:mod:`ansor.torchless`; Ray merges an actor's ``env_vars`` with it). The
+#: embedded Ray's raylet gets it in its environment instead (:func:`_worker_mark`): as a job runtime_env it
+#: made every start's first tasks wait 2.9 s for workers instead of 1.65 s.
 WORKER_RUNTIME_ENV = {"env_vars": {WORKER_ENV: "1"}}
 
 
