@@ -114,48 +114,6 @@ def test_eval_only_applies_the_log_without_measuring(tuned, tmp_path):
     assert f"{TINY_TASKS} of {TINY_TASKS} tasks use tuned schedules" in proc.stdout
 
 
-def test_no_eval_tunes_and_stops(tmp_path):
-    """``--no-eval`` (what ``ansor bench --target cuda`` tunes with): the log, the tasks' table, no final builds."""
-    log = tmp_path / "tiny.json"
-    proc = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", 2, "--per-round", 2, "--no-eval",
-               "--log-file", log)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(records(log)) == 2 and re.search(r"^tuning: 2 new trials", proc.stderr, re.M), proc.stderr
-    assert "building the default and the tuned network" not in proc.stderr
-    assert "Mean inference time" not in proc.stdout and "Estimated total latency" in proc.stdout
-
-
-#: ansor bench --target cuda's model run on a log, in a process of its own: timing TVM in the test's process
-#: would pin it to TVM's first cores, and this module's later runs would see a 1-core host.
-GPU_FLOW = """
-import argparse, dataclasses, json, sys
-from pathlib import Path
-from ansor.bench.gpu import bench_gpu_model
-from ansor.target import host_target
-args = argparse.Namespace(log=sys.argv[1], repeat=2, rounds=2, pause=0.0)
-print(json.dumps(dataclasses.asdict(bench_gpu_model("tiny-cnn", args, host_target(), Path(sys.argv[1]).parent))))
-"""
-
-
-def test_the_gpu_benchmarks_flow_on_the_cpu(tuned):
-    """``ansor bench --target cuda``'s model run (ansor/bench/gpu.py) with the shared log on this CPU: the same
-    code up to the device (no GPU here), each contender timed every round, PyTorch's rows timed or missing."""
-    from ansor.bench.gpu import DEFAULT, OURS, TORCH_ROWS
-
-    log, proc = tuned
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    flow = subprocess.run([sys.executable, "-c", GPU_FLOW, str(log)], capture_output=True, text=True, timeout=300,
-                          env={**env(), "TVM_NUM_THREADS": str(os.cpu_count())})
-    assert flow.returncode == 0, flow.stderr[-3000:]
-    report = json.loads(flow.stdout.splitlines()[-1])
-    assert (report["trials"], report["failed"]) == (TINY_TRIALS, 0) and report["tuning_s"] > 0
-    assert report["outputs_agree"].startswith("equal"), report["outputs_agree"]
-    assert [len(report["rounds"][name]) for name in (OURS, DEFAULT)] == [2, 2]
-    assert all(ms > 0 for times in report["rounds"].values() for ms in times)
-    for row in TORCH_ROWS.values():  # tiny-cnn has no PyTorch definition (or PyTorch is not installed)
-        assert row not in report["rounds"] and report["missing"][row], report["missing"]
-
-
 BAD_INPUT = [
     (["--network", "no-such-net"], "valid names: resnet-50, mobilenet-v2"),
     ([], "--network NAME"),
