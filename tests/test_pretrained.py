@@ -19,6 +19,7 @@ from ansor.cost_model.pretrained import add_to_database, pretrain, pretrained_mo
 from ansor.cost_model.training import evaluate, to_measure_pairs
 from ansor.errors import RecordError, StepError
 from ansor.log.measurement import ErrorNo, MeasureInput, MeasureResult
+from ansor.measure import ProgramMeasurer
 from ansor.host_cpu import MachineFacts, host_machine
 from ansor.log.records import RecordWriter, distill, load_records
 from ansor.log.seeds import (
@@ -243,8 +244,9 @@ def test_a_damaged_schedule_index_means_no_seeds(data_dir, caplog):
 @pytest.mark.slow
 def test_a_seeded_search_is_not_worse_than_a_cold_one(data_dir, tmp_path):
     """Tuned cold, the task's log becomes the shipped database; tuned again with the same budget, the
-    database's best states are measured first, so the seeded search ends at least as fast (timing noise
-    aside)."""
+    database's best states are measured first, so the seeded search ends with a program at least as fast:
+    the two runs' best programs, timed in turn (each run's own figures are seconds apart, and a burst of
+    load on this shared machine once read the cold best's state 37 % slower in the seeded run)."""
     task = ansor.SearchTask.from_workload("matmul-256")
     options = TuningOptions(num_measure_trials=8, num_measures_per_round=8, pretrained=False)
     cold = ansor.tune_task(task, options, tmp_path / "cold.json")
@@ -253,7 +255,11 @@ def test_a_seeded_search_is_not_worse_than_a_cold_one(data_dir, tmp_path):
                              tmp_path / "seeded.json")
     seeds = {r.steps for r in load_records(data_dir / "cpu.schedules.json")}
     assert seeds and seeds <= {r.steps for r in load_records(tmp_path / "seeded.json")}
-    assert seeded.best_cost <= cold.best_cost * 1.25, (seeded.best_cost, cold.best_cost)
+    with ProgramMeasurer(min_repeat_ms=50) as measurer:
+        timed = measurer.measure([MeasureInput(task, s) for s in (seeded.best_state, cold.best_state) * 3])
+    assert all(r.ok for r in timed), [r.error_msg for r in timed]
+    seeded_s, cold_s = min(r.mean_cost for r in timed[0::2]), min(r.mean_cost for r in timed[1::2])
+    assert seeded_s <= cold_s * 1.25, (seeded_s, cold_s, seeded.best_cost, cold.best_cost)
 
 
 @pytest.mark.slow
