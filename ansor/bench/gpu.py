@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import AnsorError
+from ..errors import AnsorError, short_message
 from ..networks.network import NetworkError
 from .docs import Provenance, markdown_table, section_key, write_section
 from .network import tune
@@ -153,6 +153,9 @@ def bench_gpu_model(name: str, args: argparse.Namespace, target, work: Path) -> 
             baseline.time(threads, repeat=1)  # torch.compile compiles here, not in the first round
         except (TorchUnavailableError, NetworkError) as err:  # no GPU for PyTorch; no definition of name
             report.missing[row] = str(err)
+            continue
+        except Exception as err:  # PyTorch's own failure (torch.compile without Triton, say): the row says so
+            report.missing[row] = f"{mode} failed: {short_message(err)}"
             continue
         contenders[row] = lambda b=baseline: b.time(threads, repeat=args.repeat).median_ms
     report.rounds = in_turn(contenders, max(1, args.rounds), args.pause)
