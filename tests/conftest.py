@@ -7,7 +7,13 @@ import itertools
 import os
 import tempfile
 
+import psutil
 import pytest
+
+# TVM's CPU runtime, started in a test's own process without TVM_NUM_THREADS, runs one thread on a 2-core
+# machine and pins the whole process to core 0; every process it starts later (its Ray, the scripts under
+# test) inherits that, so a worker of the suite ran the rest of its modules on one core. All cores instead.
+os.environ.setdefault("TVM_NUM_THREADS", str(psutil.cpu_count(logical=False) or os.cpu_count() or 1))
 
 
 #: Modules whose tests together take minutes (end-to-end tuning runs in subprocesses), longest first: collected
