@@ -1,6 +1,6 @@
 """``ansor bench --target cuda`` (ansor/bench/gpu.py) without a GPU: its refusals are one ``error:`` line and exit
 status 2 (a machine without a GPU, the CPU benchmarks' flags); its model run, on this CPU, with the log of a
-real ``ansor tune --no-eval`` run (what it tunes with); its rounds' order."""
+real ``ansor tune --no-eval`` run (what it tunes with)."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import tvm
 
-from ansor.bench.gpu import DEFAULT, OURS, TORCH_ROWS, in_turn
+from ansor.bench.gpu import DEFAULT, OURS, TORCH_ROWS
 from ansor.log.records import load_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,10 +98,3 @@ def test_flags_it_cannot_honour_are_one_error_line(refusals, case):
 def test_without_a_gpu_it_is_one_error_line(refusals):
     code, stderr = refusals[-1]
     assert code == 2 and stderr.strip().splitlines() == [NO_GPU], stderr
-
-
-def test_rounds_start_with_each_contender_in_turn():
-    order = []
-    timed = in_turn({name: (lambda n=name: order.append(n) or float(len(order))) for name in "abc"}, 4, 0.0)
-    assert order == list("abc" "bca" "cab" "abc")
-    assert timed == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}

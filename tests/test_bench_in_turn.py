@@ -6,7 +6,7 @@ import pytest
 onnx = pytest.importorskip("onnx", reason="the onnx package is not installed (pip install 'ansor[onnx]')")
 from onnx import TensorProto as TP, helper as h, numpy_helper as nh  # noqa: E402
 
-from ansor.bench.in_turn import time_in_processes  # noqa: E402
+from ansor.bench.in_turn import in_turn, time_in_processes  # noqa: E402
 
 
 @pytest.fixture
@@ -37,3 +37,10 @@ def test_a_failing_process_names_its_error(tiny_onnx, tmp_path):
     missing = tmp_path / "missing.json"
     with pytest.raises(RuntimeError, match="missing.json"):
         time_in_processes(tiny_onnx, [missing], processes=1, rounds=1, repeat=1)
+
+
+def test_rounds_start_with_each_contender_in_turn():
+    order = []
+    timed = in_turn({name: (lambda n=name: order.append(n) or float(len(order))) for name in "abc"}, 4, 0.0)
+    assert order == list("abc" "bca" "cab" "abc")
+    assert timed == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}

@@ -23,7 +23,6 @@ import math
 import os
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,6 +30,7 @@ from typing import Callable
 from ..errors import AnsorError, short_message
 from ..networks.network import NetworkError
 from .docs import Provenance, markdown_table, section_key, write_section
+from .in_turn import in_turn
 from .network import tune
 from .peak import cpu_description
 
@@ -98,19 +98,6 @@ def log_summary(log: Path) -> tuple[int, int, float]:
     records = load_records(log)
     stamps = [r.result.timestamp for r in records]
     return len(records), sum(1 for r in records if not r.result.ok), max(stamps, default=0) - min(stamps, default=0)
-
-
-def in_turn(contenders: dict[str, Callable[[], float]], rounds: int, pause: float) -> dict[str, list[float]]:
-    """Each contender's milliseconds per round, timed one after another; round ``i`` starts with contender
-    ``i``, so none always runs right after the same one."""
-    names = list(contenders)
-    out: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(rounds):
-        for k in range(len(names)):
-            name = names[(i + k) % len(names)]
-            time.sleep(pause)
-            out[name].append(contenders[name]())
-    return out
 
 
 def bench_gpu_model(name: str, args: argparse.Namespace, target, work: Path) -> GpuReport:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 from ..errors import short_message
 from ..networks import (
@@ -45,22 +45,29 @@ def model_flags(model: Union[str, Path]) -> list[str]:
     return ["--network", str(model)] if is_builtin(model) else ["--onnx", str(model)]
 
 
+def in_turn(contenders: dict[str, Callable[[], float]], rounds: int, pause: float) -> dict[str, list[float]]:
+    """Each contender's milliseconds per round, timed one after another with ``pause`` seconds before each;
+    round ``i`` starts with contender ``i``, so none always runs right after the same one."""
+    names = list(contenders)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        for k in range(len(names)):
+            name = names[(i + k) % len(names)]
+            time.sleep(pause)
+            out[name].append(contenders[name]())
+    return out
+
+
 def time_in_turn(onnx: Union[str, Path], logs: Sequence[Path], rounds: int, repeat: int, target=None) -> Rounds:
-    """Build each log's best schedules into the network and time the builds one after another, ``rounds``
-    times; each round starts with the next build, so no build always runs right after the same one."""
+    """Build each log's best schedules into the network and time the builds :func:`in_turn`, ``rounds``
+    times, a second apart."""
     target = parse_target(target)
     extraction = extract(load_model(onnx), target)
     builds = [build(apply_history_best(extraction.mod, extraction.tasks, str(log), target=target), target)
               for log in logs]
-    result = []
-    for i in range(rounds):
-        times = [0.0] * len(builds)
-        for k in range(len(builds)):
-            j = (i + k) % len(builds)
-            time.sleep(1)
-            times[j] = time_network(builds[j], extraction.network, target=target, repeat=repeat).median_ms
-        result.append(times)
-    return result
+    timed = in_turn({str(j): (lambda b=b: time_network(b, extraction.network, target=target, repeat=repeat)
+                              .median_ms) for j, b in enumerate(builds)}, rounds, 1.0)
+    return [list(round_ms) for round_ms in zip(*timed.values())]
 
 
 def time_in_processes(onnx: Union[str, Path], logs: Sequence[Path], processes: int, rounds: int,
