@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import atexit
 import ipaddress
-import logging
 import glob
+import logging
 import os
 import re
 import shutil
@@ -80,18 +80,28 @@ class LoopbackSettings:
     """
 
     def __init__(self) -> None:
-        self._saved_env = {key: os.environ.get(key) for key in LOOPBACK_ENV}
+        self._saved_env = _set_env(LOOPBACK_ENV)
         self._saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-        os.environ.update(LOOPBACK_ENV)
         ray_constants.ENABLE_RAY_CLUSTER = False
 
     def restore(self) -> None:
         ray_constants.ENABLE_RAY_CLUSTER = self._saved_flag
-        for key, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _restore_env(self._saved_env)
+
+
+def _set_env(values: dict[str, str]) -> dict[str, Optional[str]]:
+    """Set ``values`` in this process's environment; returns what they replaced (``None``: unset)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    return saved
+
+
+def _restore_env(saved: dict[str, Optional[str]]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @contextmanager
@@ -250,15 +260,11 @@ def _worker_mark() -> Iterator[None]:
     """:data:`~ansor.torchless.WORKER_ENV` in this process's environment while ``ray.init`` starts the local
     Ray: its raylet keeps it and passes it to every worker it starts; this process's own later children
     (a user's scripts, a benchmark's subprocesses) do not get it."""
-    saved = os.environ.get(WORKER_ENV)
-    os.environ[WORKER_ENV] = "1"
+    saved = _set_env({WORKER_ENV: "1"})
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(WORKER_ENV, None)
-        else:
-            os.environ[WORKER_ENV] = saved
+        _restore_env(saved)
 
 
 def _remove_stale_temp_dirs() -> None:
