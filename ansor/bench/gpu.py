@@ -31,7 +31,7 @@ from ..errors import AnsorError, short_message
 from ..networks.network import NetworkError
 from .docs import Provenance, markdown_table, section_key, write_section
 from .in_turn import in_turn
-from .network import tune
+from .network import require_torch_definitions, tune
 from .peak import cpu_description
 
 OURS = "ansor, tuned"
@@ -75,9 +75,7 @@ def check_flags(args: argparse.Namespace) -> list[str]:
     models = args.models or ["resnet-50"]
     if args.log and len(models) != 1:
         raise AnsorError("--log evaluates one model: give one --models name")
-    unknown = [m for m in models if m not in TORCH_NETWORKS]
-    if unknown:
-        raise AnsorError(f"no PyTorch definition of {', '.join(unknown)} (choose from {', '.join(TORCH_NETWORKS)})")
+    require_torch_definitions(models)
     return models
 
 

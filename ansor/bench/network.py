@@ -369,6 +369,16 @@ def setup(args: argparse.Namespace) -> Setup:
     return Setup(target, threads, work, peak)
 
 
+def require_torch_definitions(names: Sequence[str], alternative: str = "") -> None:
+    """An ``AnsorError`` naming the built-in networks among ``names`` without a PyTorch definition and those
+    with one (``alternative``: what else the user may give, appended to the message)."""
+    from ..networks.torch_baseline import TORCH_NETWORKS
+    unknown = [m for m in names if m not in TORCH_NETWORKS]
+    if unknown:
+        raise AnsorError(f"no PyTorch definition of {', '.join(unknown)} (choose from {', '.join(TORCH_NETWORKS)})"
+                         f"{alternative}")
+
+
 def run_networks(args: argparse.Namespace) -> int:
     models_given = args.models or list(MODELS)
     if args.log and len(args.onnx or models_given) != 1:
@@ -376,11 +386,7 @@ def run_networks(args: argparse.Namespace) -> int:
     if args.reuse_timings:
         raise AnsorError("--reuse-timings reuses the model zoo's stored rows: it needs --zoo")
     if not args.onnx:
-        from ..networks.torch_baseline import TORCH_NETWORKS
-        unknown = [m for m in models_given if m not in TORCH_NETWORKS]
-        if unknown:
-            raise AnsorError(f"no PyTorch definition of {', '.join(unknown)} (choose from {', '.join(TORCH_NETWORKS)}), "
-                             "or give ONNX files with --onnx")
+        require_torch_definitions(models_given, ", or give ONNX files with --onnx")
 
     at = setup(args)
     target, threads, work = at.target, at.threads, at.work
