@@ -68,8 +68,13 @@ class OutputComparison:
     atol: float
 
     @property
+    def allowed(self) -> float:
+        """The largest difference ``ok`` accepts: ``atol + rtol * scale``."""
+        return self.atol + self.rtol * self.scale
+
+    @property
     def ok(self) -> bool:
-        return self.max_abs_error <= self.atol + self.rtol * self.scale
+        return self.max_abs_error <= self.allowed
 
 
 #: The pass-context option of Relax's ``RewriteCUDAGraph`` (in TVM's CUDA finalize passes; off by default).

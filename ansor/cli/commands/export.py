@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     cmp_ = compare_outputs(extraction.network, tuned_exe, default_exe, target, rtol=extraction.output_rtol)
     if not cmp_.ok:
         print(f"error: the tuned build's output differs from the default build's: max |difference| "
-              f"{cmp_.max_abs_error:.3g} > allowed {cmp_.atol + cmp_.rtol * cmp_.scale:.3g}; a schedule in {log} is "
+              f"{cmp_.max_abs_error:.3g} > allowed {cmp_.allowed:.3g}; a schedule in {log} is "
               "wrong, nothing was written", file=sys.stderr)
         return EXIT_FAILED
     env = pool_setting(tuned_exe, extraction.network, target) if args.pool_probe else {}

@@ -230,7 +230,7 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
     cmp_ = ev.comparison
     if not cmp_.ok:
         print(f"error: the tuned build's output differs from the default build's: max |difference| "
-              f"{cmp_.max_abs_error:.3g} > allowed {cmp_.atol + cmp_.rtol * cmp_.scale:.3g} "
+              f"{cmp_.max_abs_error:.3g} > allowed {cmp_.allowed:.3g} "
               f"(output scale {cmp_.scale:.3g}); a schedule in {where} is wrong, or the network amplifies float "
               "rounding differences that much (then its output also moves under a 1e-6 change of the input)",
               file=sys.stderr)
@@ -242,7 +242,7 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
         print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
               f"{', params.bin' if extraction.network.weights else ''})")
     print(f"Output check: tuned == default build (max |difference| {cmp_.max_abs_error:.3g}, allowed "
-          f"{cmp_.atol + cmp_.rtol * cmp_.scale:.3g})")
+          f"{cmp_.allowed:.3g})")
     if extraction.precision.value != "fp32":
         from ..evaluation import error_against_fp32
         err = error_against_fp32(net, extraction, ev.tuned_executable, target)
