@@ -12,14 +12,20 @@ spilled) ran in 2.26-2.38 ms in 1 of 5 fresh processes and 3.21-3.31 ms in the o
 position tried. TVM has no option for the attribute, so :func:`compile` installs a wrapper around TVM's LLVM
 code generator that adds it to the module's functions (once per process, for every LLVM build after it).
 Printing and re-reading the module's IR costs ~4 ms of a matmul-512 candidate's ~94 ms build and export.
+
+CUDA code is compiled (NVRTC) by TVM's ``tvm_callback_cuda_compile``, which takes the arch from the current
+target scope, else asks the GPU. TVM calls it outside the target's scope, and a Ray build worker has no GPU
+it may use: on an H200 machine every candidate of a network failed with "No CUDA architecture was specified
+or GPU detected". :func:`install` wraps the callback to run inside the scope of the target being compiled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
-from typing import Any
+from typing import Any, Iterator
 
 import tvm
 import tvm_ffi
@@ -27,11 +33,14 @@ import tvm_ffi
 #: TVM's code generator for ``llvm`` targets (CPU kernels, and the host side of every other target).
 LLVM_BUILD = "target.build.llvm"
 _LOAD_IR = "ffi.Module.load_from_file.ll"
+#: TVM's compiler of CUDA source (registered by ``tvm.support.nvcc``; absent from a TVM without CUDA).
+CUDA_COMPILE = "tvm_callback_cuda_compile"
 #: An attribute group of the module's textual IR: ``attributes #3 = { noinline "target-cpu"="znver5" }``.
 _ATTRIBUTE_GROUP = re.compile(r"^(attributes #\d+ = \{[^}\n]*?) ?\}$", re.M)
 REALIGN = '"stackrealign"'
 
 _installed = False
+_compiling: list[tvm.target.Target] = []  # the targets compile() is building for, innermost last
 
 
 def realign_stack(ir: str) -> str:
@@ -82,15 +91,38 @@ def _realigning(build: Any) -> Any:
     return build_llvm
 
 
+def _in_target_scope(cuda_compile: Any) -> Any:
+    def compile_in_scope(code: str) -> Any:
+        if not _compiling:
+            return cuda_compile(code)
+        with _compiling[-1]:  # the arch comes from the target, not from a GPU this process may not see
+            return cuda_compile(code)
+    return compile_in_scope
+
+
 def install() -> None:
-    """Wrap TVM's LLVM code generator (idempotent; every LLVM build of this process after it realigns)."""
+    """Wrap TVM's LLVM code generator and CUDA compiler (idempotent; for every build of this process after it)."""
     global _installed
     if not _installed:
         tvm_ffi.register_global_func(LLVM_BUILD, _realigning(tvm.get_global_func(LLVM_BUILD)), override=True)
+        cuda_compile = tvm.get_global_func(CUDA_COMPILE, allow_missing=True)
+        if cuda_compile is not None:
+            tvm_ffi.register_global_func(CUDA_COMPILE, _in_target_scope(cuda_compile), override=True)
         _installed = True
 
 
 def compile(mod: tvm.IRModule, target: tvm.target.Target, **kwargs: Any) -> tvm.runtime.Executable:
-    """``tvm.compile`` with stack-realigned LLVM code (see the module's docstring)."""
+    """``tvm.compile`` with stack-realigned LLVM code and CUDA compiled for the target's arch (module docstring)."""
     install()
-    return tvm.compile(mod, target=target, **kwargs)
+    with compiling_for(target):
+        return tvm.compile(mod, target=target, **kwargs)
+
+
+@contextlib.contextmanager
+def compiling_for(target: tvm.target.Target) -> Iterator[None]:
+    """CUDA source compiled within the block is compiled for ``target``'s arch (:func:`install`'s wrapper)."""
+    _compiling.append(tvm.target.Target(target))
+    try:
+        yield
+    finally:
+        _compiling.pop()

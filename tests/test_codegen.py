@@ -1,9 +1,13 @@
 """Every LLVM function ansor builds realigns its stack frame, so vector spill slots are aligned wherever the
 calling thread's stack is (``ansor/codegen.py``)."""
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 import tvm
 from tvm import te
 
@@ -58,3 +62,41 @@ def test_a_realigned_kernel_computes_what_numpy_does():
     c = tvm.runtime.tensor(np.zeros((64, 64), "float32"))
     lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
     np.testing.assert_allclose(c.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def _nvrtc_missing() -> str:
+    """Why CUDA source cannot be compiled to a cubin here, or "" when it can (NVRTC and CUDA's headers)."""
+    import importlib.util
+    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
+        return "NVRTC is not installed (the cuda-bindings package; PyTorch with CUDA brings it)"
+    try:
+        from tvm.support.nvcc import find_cuda_path
+        include = os.path.join(find_cuda_path(), "include", "cuda_runtime.h")
+    except RuntimeError as err:
+        return f"no CUDA toolkit for NVRTC's headers ({err})"
+    return "" if os.path.isfile(include) else f"no CUDA headers at {include}"
+
+
+CUBIN_ARCH = """
+import struct, sys
+import tvm
+from ansor import codegen
+codegen.install()
+source = 'extern "C" __global__ void add_one(float* __restrict__ a) { a[threadIdx.x] += 1.0f; }'
+with codegen.compiling_for(tvm.target.Target({"kind": "cuda", "arch": sys.argv[1]})):
+    cubin = bytes(tvm.get_global_func(codegen.CUDA_COMPILE)(source))
+assert cubin[:4] == b"\\x7fELF", cubin[:16]
+print((struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF)  # an sm_XY cubin's e_flags hold XY
+"""
+
+
+@pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "-")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_source_compiles_for_the_targets_arch_where_no_gpu_is_visible(arch):
+    """A Ray build worker sees no GPU (and must not start CUDA): TVM's NVRTC callback, called outside the
+    target's scope, would ask the GPU for the arch and fail; ours compiles for the target's."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", CUBIN_ARCH, arch], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == arch.removeprefix("sm_")
