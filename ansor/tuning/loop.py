@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, Union
 
-from ..errors import StepError
-from ..log.measurement import MeasureInput, MeasureResult, program_results
+from ..errors import StepError, short_message
+from ..log.measurement import ErrorNo, MeasureInput, MeasureResult, program_results
 from ..log.records import Record, best_records, distinct_records
 from ..log.seeds import seed_states
 from ..sketch.policy import SketchPolicy
@@ -173,6 +173,7 @@ def run_rounds(tasks: Sequence[SearchTask], policies: Sequence[SketchPolicy], mo
     """The tuning loop of one task and of a network's tasks alike: rounds (:func:`measure_round`) of the task
     ``schedule`` picks until ``budget`` trials are spent or ``schedule`` stops. ``trials``: those the history
     already spent. Returns the trials spent, the history's included."""
+    failures_seen: set[int] = set()
     while trials < budget:
         index = schedule.next_task(trials)
         if index is None:
@@ -182,8 +183,19 @@ def run_rounds(tasks: Sequence[SearchTask], policies: Sequence[SketchPolicy], mo
             schedule.exhausted(index, trials)
             continue
         trials += len(rnd.inputs)
+        report_new_failures(tasks[index], rnd.results, failures_seen)
         schedule.round_done(index, rnd, trials)
     return trials
+
+
+def report_new_failures(task: SearchTask, results: Sequence[MeasureResult], seen: set[int]) -> None:
+    """Log the first failure of each kind with its message: a log keeps only the error code, and a run whose
+    every candidate fails (a compiler missing on a node, say) must say why while it runs."""
+    for result in results:
+        if result.error_no and result.error_no not in seen:
+            seen.add(result.error_no)
+            logger.warning("first %s failure (task %s): %s", ErrorNo(result.error_no).name, task.desc,
+                           short_message(result.error_msg, 600, pick="joined") or "no message")
 
 
 class _OneTask:
