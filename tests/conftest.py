@@ -24,6 +24,14 @@ LONG_MODULES = ("test_tune_network", "test_tune_test_script", "test_tune_network
                 "test_measure_host_lock", "test_relax_api", "test_measure_infra")
 
 
+def pytest_configure(config):
+    """Keep :data:`LONG_MODULES` first under pytest-xdist: its ``loadscope`` re-sorts modules by their number
+    of tests unless told not to (pytest-xdist 3.8), which put test_tune_network (12 tests) behind modules of
+    hundreds of quick ones."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """:data:`LONG_MODULES` first, in that order; every other module, and every module's tests, in their own."""
     rank = {name: i for i, name in enumerate(LONG_MODULES)}
