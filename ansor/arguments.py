@@ -103,6 +103,8 @@ REPEATS = count(10_000, "10")
 PER_ROUND = count(4096, "16")
 #: Batch sizes.
 BATCH = count(65_536, "1")
+#: Fresh processes per setting of the thread-pool probe (each imports TVM: ~2 s).
+PROBE_PROCESSES = count(100, "3")
 #: A build worker's memory cap, in GiB.
 MEMORY_GIB = positive(1 << 20, "8")
 

@@ -66,7 +66,9 @@ class PoolChoice:
 
     def __str__(self) -> str:
         rows = ", ".join(f"{name} {statistics.mean(v):.3f} ms" for name, v in self.ms.items())
-        return f"thread pool (mean of {len(next(iter(self.ms.values())))} processes each): {rows}; best: {self.best} ({self.best.name})"
+        n = len(next(iter(self.ms.values())))
+        return (f"thread pool (mean of {n} process{'es' if n != 1 else ''} each): {rows}; "
+                f"best: {self.best} ({self.best.name})")
 
 
 #: Run in a fresh process: the export's own loader, then the entry timed on zeros.

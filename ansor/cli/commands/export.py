@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
               f"{cmp_.max_abs_error:.3g} > allowed {cmp_.allowed:.3g}; a schedule in {log} is "
               "wrong, nothing was written", file=sys.stderr)
         return EXIT_FAILED
-    env = pool_setting(tuned_exe, extraction.network, target) if args.pool_probe else {}
+    env = (pool_setting(tuned_exe, extraction.network, target, args.pool_probe_processes)
+           if args.pool_probe else {})
     library = export_network(tuned_exe, extraction.network, args.out, target, env)
     print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
           f"{', params.bin' if extraction.network.weights else ''}); output check: tuned == default build "

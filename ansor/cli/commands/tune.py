@@ -237,7 +237,8 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
         return EXIT_FAILED
     if args.export:
         from ...relax import export_network
-        env = pool_setting(ev.tuned_executable, extraction.network, target) if args.pool_probe else {}
+        env = (pool_setting(ev.tuned_executable, extraction.network, target, args.pool_probe_processes)
+               if args.pool_probe else {})
         library = export_network(ev.tuned_executable, extraction.network, args.export, target, env)
         print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
               f"{', params.bin' if extraction.network.weights else ''})")
