@@ -101,10 +101,17 @@ def test_a_cuda_network_is_built_to_launch_as_one_cuda_graph():
     assert "cuda_graph" not in build(apply_schedules(cpu.mod, cpu.tasks, {}, target=cpu_target), cpu_target).as_text()
 
 
+class NoGpuMeasurer:
+    """Every candidate's run fails as it does where no GPU is (nothing is built: the message is the point)."""
+
+    def measure(self, inputs):
+        return [MeasureResult((MAX_COST,), int(ErrorNo.RUNTIME_DEVICE), "no GPU on this machine") for _ in inputs]
+
+
 def test_the_first_failure_of_each_kind_is_logged_with_its_message(cuda_tasks, caplog):
     """A record keeps only the error code: a run whose every candidate fails says why while it runs, once."""
     task = cuda_tasks[0].task
     with caplog.at_level("WARNING", logger="ansor"):
-        schedule_tasks([task], [1], 4, BuildOnlyMeasurer(), RandomModel(seed=0), per_round=2, seed=0, first=[[]])
+        schedule_tasks([task], [1], 4, NoGpuMeasurer(), RandomModel(seed=0), per_round=2, seed=0, first=[[]])
     firsts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("first ")]
     assert firsts == [f"first RUNTIME_DEVICE failure (task {task.desc}): no GPU on this machine"]

@@ -101,13 +101,16 @@ def test_tuning_for_units_this_cpu_lacks_is_one_error_line():
 @pytest.mark.slow
 def test_commands_name_the_host_matrix_units_first(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    log = tmp_path / "empty.json"  # --eval-only: the tuning command's start and report, no Ray, no search
+    log = tmp_path / "empty.json"  # --eval-only: the tuning command's start, no Ray, no search
     log.write_text("")
-    proc = subprocess.run([sys.executable, "-m", "ansor", "tune", "--network", "tiny-cnn", "--eval-only",
-                           "--log-file", str(log), "--repeat", "1"], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    first = proc.stderr.replace("\r", "\n").splitlines()[0]
+    proc = subprocess.Popen([sys.executable, "-m", "ansor", "tune", "--network", "tiny-cnn", "--eval-only",
+                             "--log-file", str(log), "--repeat", "1"], stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path, stdout=subprocess.DEVNULL)
+    try:
+        first = proc.stderr.readline().strip()  # the rest (the network's builds and timing) is not waited for
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
     assert first.startswith("target: llvm -mcpu=") and "matrix units:" in first
     assert all(unit.name in first for unit in host_cpu().matrix_units)
 

@@ -203,13 +203,13 @@ def test_random_programs_compute_a_softmax_row_by_row(monkeypatch):
 @pytest.mark.parametrize("name", ["matmul-512", "softmax-4x1024", "nhwc-resnet-50.C2", "conv2d-bn-relu", "TBS"])
 @pytest.mark.slow
 def test_initial_population_replays_and_compiles(name):
-    """>= 500 distinct random programs per workload replay onto TensorIR; a sample is checked loop by loop
-    against the State and compiled for llvm (a compile costs ~50 ms, a replay ~2 ms)."""
+    """>= 95 % of 250 distinct random programs per workload replay onto TensorIR; a sample is checked loop by
+    loop against the State and compiled for llvm (a compile costs ~50 ms, a replay ~2 ms)."""
     task = SearchTask.from_workload(name)
     rng = random.Random(0)
-    population = sample_initial_population(task, generate_sketches(task), 500, rng)
-    assert len(population) == 500
-    assert len({s.key() for s in population}) == 500
+    population = sample_initial_population(task, generate_sketches(task), 250, rng)
+    assert len(population) == 250
+    assert len({s.key() for s in population}) == 250
     valid = 0
     for state in population:
         try:
@@ -218,7 +218,7 @@ def test_initial_population_replays_and_compiles(name):
         except Exception:
             pass
     assert valid >= 0.95 * len(population)
-    for state in rng.sample(population, 40):
+    for state in rng.sample(population, 20):
         task.compute_dag.replay(state, verify=True)
     for state in rng.sample(population, 8):
         tvm.compile(task.compute_dag.replay(state).mod, target=task.target)
