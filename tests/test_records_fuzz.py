@@ -354,10 +354,10 @@ def network_log(tmp_path_factory) -> list[bytes]:
 
 @pytest.mark.slow
 def test_evaluate_networks_on_mutated_logs(tmp_path, network_log):
-    """The real script on three mutated network logs in one run: a table, no traceback, no crash."""
+    """The real script on two mutated network logs in one run: a table, no traceback, no crash."""
     rng = random.Random(SEED + 2)
     logs = []
-    for n in range(3):
+    for n in range(2):
         log = tmp_path / f"m{n}" / "tiny-cnn-b1.json"
         log.parent.mkdir()
         log.write_bytes(mutate(rng, network_log))
@@ -367,4 +367,4 @@ def test_evaluate_networks_on_mutated_logs(tmp_path, network_log):
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert proc.stdout.count("tiny-cnn") == 3, proc.stdout
+    assert proc.stdout.count("tiny-cnn") == 2, proc.stdout

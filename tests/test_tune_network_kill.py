@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from test_tune_network import ROOT, SCRIPTS, assert_final_report, env, records, run
+from test_tune_network import ROOT, SCRIPTS, env, records, run
 
 # Slow tier: a real tuning run in a subprocess, killed, then resumed.
 pytestmark = pytest.mark.slow
@@ -84,9 +84,10 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     before = records(log)
 
     resumed = run("tune_network.py", "--network", "tiny-cnn", "--n-trials", len(before) + 4, "--per-round", 2,
-                  "--cost-model", "random", "--log-file", log, "--resume", "--repeat", 3, "--select", 0)
-    assert_final_report(resumed)
+                  "--cost-model", "random", "--log-file", log, "--resume", "--no-eval")  # the report: test_tune_network
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
     assert f"resumed {len(before)} measurements" in resumed.stderr
+    assert re.search(r"^tuning: 4 new trials", resumed.stderr, re.M), resumed.stderr[-2000:]
     assert log.read_text().splitlines()[: len(complete)] == complete  # nothing lost or rewritten
     after = records(log)
     assert after[: len(before)] == before and len(after) == len(before) + 4
