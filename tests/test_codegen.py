@@ -90,7 +90,10 @@ print((struct.unpack_from("<I", cubin, 48)[0] >> 8) & 0xFF)  # an sm_XY cubin's 
 """
 
 
-@pytest.mark.skipif(bool(_nvrtc_missing()), reason=_nvrtc_missing() or "-")
+NVRTC_MISSING = _nvrtc_missing()
+
+
+@pytest.mark.skipif(bool(NVRTC_MISSING), reason=NVRTC_MISSING or "-")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_source_compiles_for_the_targets_arch_where_no_gpu_is_visible(arch):
     """A Ray build worker sees no GPU (and must not start CUDA): TVM's NVRTC callback, called outside the

@@ -63,7 +63,7 @@ def error_against_fp32(net, extraction, executable, target):
     return compare_outputs(extraction.network, executable, reference, target, reference_network=fp32.network)
 
 
-def pool_setting(executable, network, target, processes: int = 3) -> dict:
+def pool_setting(executable, network, target, processes: int) -> dict:
     """The TVM thread-pool setting that runs the tuned build fastest here (CPU targets), for the export."""
     from ..relax.thread_pool import choose_pool_setting
     from ..target import device_kind

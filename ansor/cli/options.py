@@ -7,6 +7,7 @@ import os
 from typing import Optional, Sequence
 
 from ..arguments import MEMORY_GIB, PROBE_PROCESSES, ray_address_type
+from ..task.timing import POOL_PROBE_PROCESSES
 
 
 def tuning_options(args: argparse.Namespace, callbacks: Sequence = ()):
@@ -50,9 +51,10 @@ def add_pool_probe_arg(parser: argparse.ArgumentParser, when: str) -> None:
                         help=f"{when}do not time the tuned build under each TVM thread-pool setting "
                              "(thread binding, spinning) in fresh processes to name the fastest in the export "
                              "(the probe takes ~10 s per setting on 2 cores)")
-    parser.add_argument("--pool-probe-processes", type=PROBE_PROCESSES, default=3, metavar="N",
-                        help=f"{when}fresh processes per setting the probe times the build in (default 3: one "
-                             "process's time varies with where its threads land; more on a noisy machine)")
+    parser.add_argument("--pool-probe-processes", type=PROBE_PROCESSES, default=POOL_PROBE_PROCESSES, metavar="N",
+                        help=f"{when}fresh processes per setting the probe times the build in (default "
+                             f"{POOL_PROBE_PROCESSES}: one process's time varies with where its threads land; more "
+                             "on a noisy machine)")
 
 
 def add_build_memory_arg(parser: argparse.ArgumentParser) -> None:

@@ -29,7 +29,7 @@ import tvm
 from ..errors import AnsorError
 from ..networks.network import Network
 from ..task.search_task import TargetLike
-from ..task.timing import POOL_PROBE, TimingPolicy
+from ..task.timing import POOL_PROBE, POOL_PROBE_PROCESSES, TimingPolicy
 from ..target import parse_target
 from .export import LOADER, export_network
 
@@ -81,7 +81,7 @@ print(sorted(timer(*args, *weights).results)[2] * 1e3)
 
 
 def choose_pool_setting(executable: tvm.runtime.Executable, network: Network, target: TargetLike,
-                        processes: int = 3, settings: Sequence[PoolSetting] = SETTINGS,
+                        processes: int = POOL_PROBE_PROCESSES, settings: Sequence[PoolSetting] = SETTINGS,
                         timing: TimingPolicy = POOL_PROBE) -> PoolChoice:
     """Time ``executable`` in ``processes`` fresh processes per setting, in turn; the first setting is the
     default the others must beat by :data:`MARGIN`."""

@@ -25,3 +25,5 @@ REPORT = TimingPolicy(repeat=10, min_repeat_ms=200)
 SELECTION = TimingPolicy(repeat=3, min_repeat_ms=50)
 #: The thread-pool probe of an export, per setting in each of its fresh processes.
 POOL_PROBE = TimingPolicy(repeat=5, min_repeat_ms=100)
+#: Fresh processes per setting of that probe: one process's time varies with where its threads land.
+POOL_PROBE_PROCESSES = 3
