@@ -279,3 +279,34 @@ def test_export_command_probes_the_thread_pool(tuned, tmp_path):
     meta = json.loads((out / "model.json").read_text())
     assert set(meta["env"]) <= {"TVM_BIND_THREADS", "TVM_THREAD_POOL_SPIN_COUNT"}
     assert f"with {TINY_TASKS} of {TINY_TASKS} tasks tuned" in proc.stderr
+
+
+#: ``ansor bench --target cuda``'s model run on a log, in a process of its own: timing TVM in the test's
+#: process would pin it to TVM's first cores, and later runs from it would see a 1-core host.
+GPU_FLOW = """
+import argparse, dataclasses, json, sys
+from pathlib import Path
+from ansor.bench.gpu import bench_gpu_model
+from ansor.target import host_target
+args = argparse.Namespace(log=sys.argv[1], repeat=2, rounds=2, pause=0.0)
+print(json.dumps(dataclasses.asdict(bench_gpu_model("tiny-cnn", args, host_target(), Path(sys.argv[1]).parent))))
+"""
+
+
+def test_the_gpu_benchmark_model_run_on_the_cpu(tuned):
+    """``ansor bench --target cuda`` (ansor/bench/gpu.py) up to the device, on this CPU with the tuned log: each
+    contender timed every round, PyTorch's rows timed or said missing (tiny-cnn has no PyTorch definition). Its
+    refusals: test_bench_gpu.py."""
+    from ansor.bench.gpu import DEFAULT, OURS, TORCH_ROWS
+
+    log, _ = tuned
+    flow = subprocess.run([sys.executable, "-c", GPU_FLOW, str(log)], capture_output=True, text=True, timeout=300,
+                          env={**env(), "TVM_NUM_THREADS": str(os.cpu_count())}, cwd=ROOT)
+    assert flow.returncode == 0, flow.stderr[-3000:]
+    report = json.loads(flow.stdout.splitlines()[-1])
+    assert (report["trials"], report["failed"]) == (TINY_TRIALS, 0) and report["tuning_s"] > 0
+    assert report["outputs_agree"].startswith("equal"), report["outputs_agree"]
+    assert [len(report["rounds"][name]) for name in (OURS, DEFAULT)] == [2, 2]
+    assert all(ms > 0 for times in report["rounds"].values() for ms in times)
+    for row in TORCH_ROWS.values():
+        assert row not in report["rounds"] and report["missing"][row], report["missing"]

@@ -88,6 +88,9 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
     assert f"resumed {len(before)} measurements" in resumed.stderr
     assert re.search(r"^tuning: 4 new trials", resumed.stderr, re.M), resumed.stderr[-2000:]
+    # --no-eval: the tasks' table, no final builds
+    assert "building the default and the tuned network" not in resumed.stderr
+    assert "Mean inference time" not in resumed.stdout and "Estimated total latency" in resumed.stdout
     assert log.read_text().splitlines()[: len(complete)] == complete  # nothing lost or rewritten
     after = records(log)
     assert after[: len(before)] == before and len(after) == len(before) + 4
