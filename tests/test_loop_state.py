@@ -239,6 +239,57 @@ def test_copy_is_independent():
     assert len(s.stages[0].iters) == 3 and len(c.stages[0].iters) == 4 and s.steps == []
 
 
+def test_an_edited_step_list_replays_only_from_the_edit(monkeypatch):
+    """``with_steps`` starts from the state's structure after the steps the edit kept; the result equals a
+    replay from the start, and the state it came from is unchanged."""
+    from ansor.state.transform_steps import SplitStep
+
+    task, s = scheduled("matmul-512")
+    before = (list(s.stages), s.shapes)
+    steps = list(s.steps)
+    assert steps[3] == SplitStep(0, 6, 512, (4,), True)
+    steps[3] = SplitStep(0, 6, 512, (8,), True)
+    applied, apply = [], State.apply
+
+    def counted(state: State, step) -> None:
+        applied.append(step)
+        apply(state, step)
+
+    monkeypatch.setattr(State, "apply", counted)
+    edited = s.with_steps(steps)
+    assert applied == steps[3:]
+    monkeypatch.undo()
+    fresh = State.initial(task.compute_dag)
+    for step in steps:
+        fresh.apply(step)
+    assert (edited.stages, edited.shapes, edited.steps) == (fresh.stages, fresh.shapes, fresh.steps)
+    assert [it.extent for it in edited.stages[0].iters][-2:] == [8, 16]  # k_1 is 8 long now
+    assert (s.stages, s.shapes) == before
+
+
+@pytest.mark.parametrize("target", ["llvm -mcpu=skylake-avx512 -num-cores=4", "cuda -arch=sm_80"])
+def test_mutated_programs_equal_their_replay_from_the_start(target):
+    """Every mutation rule of the target's search, on sampled programs: the child's structure (replayed from
+    its parent's kept steps) is the structure its steps give from the initial state."""
+    from ansor.sketch.search_space import generate_sketches, sample_initial_population, space_of
+
+    task = SearchTask.from_workload("conv2d-bias-relu", target=target)
+    rng = random.Random(3)
+    population = sample_initial_population(task, generate_sketches(task), 8, rng)
+    children = 0
+    for mutator in space_of(task.target).mutators:
+        for parent in population:
+            child = mutator.mutate(task, parent, rng)
+            if child is None:
+                continue
+            fresh = State.initial(task.compute_dag)
+            for step in child.steps:
+                fresh.apply(step)
+            assert (child.stages, child.shapes) == (fresh.stages, fresh.shapes), mutator.name
+            children += 1
+    assert children >= len(population)
+
+
 def test_to_code_and_print_name_the_loops():
     task, s = scheduled("matmul-512")
     code = s.to_code()
