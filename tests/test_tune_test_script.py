@@ -37,16 +37,54 @@ def is_loopback(ip: str) -> bool:
     return (mapped or addr).is_loopback
 
 
+#: The files a record crosses from the script to the log, in call order: those on the stack when the writer
+#: appends it (docs/design.md lists them; a new hop on the way fails here).
+PATH_TO_A_RECORD = [
+    "scripts/tune_test.py",
+    "ansor/cli/main.py",
+    "ansor/cli/commands/tune_op.py",
+    "ansor/cli/running.py",
+    "ansor/tuning/loop.py",
+    "ansor/measure/measurer.py",
+    "ansor/measure/runner_pool.py",
+    "ansor/log/records.py",
+]
+
+_STACK_AT_FIRST_APPEND = """
+import json, runpy, sys, traceback
+from ansor.log import records
+
+append, stacks = records.RecordWriter._append, []
+
+
+def traced(self, data):
+    if not stacks:
+        stacks.append([frame.filename for frame in traceback.extract_stack()])
+    return append(self, data)
+
+
+records.RecordWriter._append = traced
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as done:
+    assert not done.code, done.code
+print(json.dumps(stacks[0]))
+"""
+
+
 def run_sampling_listeners(*args: str, timeout: int = 300) -> tuple[subprocess.CompletedProcess, set, set]:
     """Run the script; while it runs, every 0.5 s collect the listening sockets of its process tree (a sweep
-    of Ray's ~10 processes costs ~90 ms of CPU: every 0.2 s it took a third of a core from the suite).
+    of Ray's ~10 processes costs ~90 ms of CPU: every 0.2 s it took a third of a core from the suite). The
+    script runs under :data:`_STACK_AT_FIRST_APPEND`, so the last line of its output is the stack of its first
+    record's append.
 
     Returns the finished process and the sets of (process name, ip, port) listening on loopback and
     elsewhere. Sockets are read per process, so nothing else on the machine is counted.
     """
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=out, stderr=err, text=True,
-                                env=user_env(), cwd=ROOT)
+        proc = subprocess.Popen([sys.executable, "-c", _STACK_AT_FIRST_APPEND, str(SCRIPT), *args], stdout=out,
+                                stderr=err, text=True, env=user_env(), cwd=ROOT)
         local, exposed = set(), set()
         deadline = time.monotonic() + timeout
         try:
@@ -157,11 +195,18 @@ def _steps_of(log: Path) -> list[str]:
     return [json.dumps(r["i"][1][1]) for r in rows if "i" in r]
 
 
-def test_short_run_listens_on_loopback_only_then_resume_measures_nothing_twice(tmp_path):
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, set, set]:
+    """A short run into a database, watched: its listening sockets, and the stack of its first record."""
+    db = tmp_path_factory.mktemp("first-run") / "db"
+    proc, local, exposed = run_sampling_listeners("--wkl", "matmul-64", "--n-trials", "8", "--per-round", "4",
+                                                  "--database", str(db), "--cost-model", "random")
+    return db, proc, local, exposed
+
+
+def test_short_run_listens_on_loopback_only_then_resume_measures_nothing_twice(first_run, tmp_path):
     """A run into a database, resumed by its log file, then rerun on a spent budget: nothing measured twice."""
-    db = tmp_path / "db"
-    first, local, exposed = run_sampling_listeners("--wkl", "matmul-64", "--n-trials", "8", "--per-round", "4",
-                                                   "--database", str(db), "--cost-model", "random")
+    db, first, local, exposed = first_run
     assert first.returncode == 0, first.stderr[-2000:]
     # Ray's servers (GCS, raylet, workers, agents) were seen, and none of them listened beyond loopback.
     names = {name for name, _, _ in local | exposed}
@@ -185,47 +230,8 @@ def test_short_run_listens_on_loopback_only_then_resume_measures_nothing_twice(t
     assert not other.exists() or _steps_of(other) == []
 
 
-#: The files a record crosses from the script to the log, in call order: those on the stack when the writer
-#: appends it (docs/design.md lists them; a new hop on the way fails here).
-PATH_TO_A_RECORD = [
-    "scripts/tune_test.py",
-    "ansor/cli/main.py",
-    "ansor/cli/commands/tune_op.py",
-    "ansor/cli/running.py",
-    "ansor/tuning/loop.py",
-    "ansor/measure/measurer.py",
-    "ansor/measure/runner_pool.py",
-    "ansor/log/records.py",
-]
-
-_STACK_AT_FIRST_APPEND = """
-import json, runpy, sys, traceback
-from ansor.log import records
-
-append, stacks = records.RecordWriter._append, []
-
-
-def traced(self, data):
-    if not stacks:
-        stacks.append([frame.filename for frame in traceback.extract_stack()])
-    return append(self, data)
-
-
-records.RecordWriter._append = traced
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-except SystemExit as done:
-    assert not done.code, done.code
-print(json.dumps(stacks[0]))
-"""
-
-
-def test_a_record_crosses_at_most_eight_files_of_ours(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", _STACK_AT_FIRST_APPEND, str(SCRIPT), "--wkl", "matmul-64",
-                           "--n-trials", "1", "--per-round", "1", "--cost-model", "random", "--log-file",
-                           str(tmp_path / "mm.json")], capture_output=True, text=True, timeout=300, env=user_env(),
-                          cwd=ROOT)
+def test_a_record_crosses_at_most_eight_files_of_ours(first_run):
+    _, proc, _, _ = first_run
     assert proc.returncode == 0, proc.stderr[-2000:]
     files: list[str] = []
     for name in json.loads(proc.stdout.splitlines()[-1]):
