@@ -453,3 +453,31 @@ def test_a_concatenation_whose_runs_are_too_many_or_too_short_is_vectorized_as_b
     conv = SearchTask.from_workload("conv2d-bn-relu", TARGET)  # a padding branches along rows, not channels
     pad = conv.compute_dag.stages[0].block
     assert pad.branch_periods and pad.vars[-1].name not in dict(pad.branch_periods)
+
+
+def test_checks_in_threads_propose_what_checks_one_by_one_do(monkeypatch):
+    """The policy checks as many programs at once as its batch still needs (sketch/policy.py): its batches,
+    and the programs it refuses, are those of checking them in order one by one."""
+    import zlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ansor.cost_model import RandomModel
+    from ansor.sketch import policy as policy_module
+    from ansor.sketch.policy import SketchPolicy
+
+    task = SearchTask.from_workload("conv2d-bias-relu", target=TARGET)
+
+    def run(pool):
+        monkeypatch.setattr(policy_module, "_checkers", lambda: pool)
+        policy = SketchPolicy(task, RandomModel(0), seed=5)
+        check = policy.space.check  # TVM's replay, and a third of the programs refused besides (by their steps)
+        policy.space = dataclasses.replace(policy.space, check=lambda t, s: "refused" if zlib.crc32(
+            repr(s.key()).encode()) % 3 == 0 else check(t, s))
+        return [[s.key() for s in policy.next_batch(8)] for _ in range(2)], policy.measured
+
+    with ThreadPoolExecutor(4) as pool:
+        threaded = run(pool)
+    serial = run(None)
+    assert threaded == serial
+    assert [len(batch) for batch in serial[0]] == [8, 8] and serial[1]  # full batches, some programs refused
+    assert not set(serial[0][0]) & serial[1]

@@ -23,6 +23,7 @@ Layouts (the weight is packed into them at build time; the activations are read 
 from __future__ import annotations
 
 import enum
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -180,9 +181,17 @@ def _tile_16x16x32() -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
     return _tile_desc, _tile_impl
 
 
-@lru_cache(maxsize=None)
+_REGISTERING = threading.Lock()  # the search checks programs in threads (sketch/policy.py)
+
+
 def register() -> None:
     """Register the intrinsics with TensorIR (once per process; ``sch.tensorize`` looks them up by name)."""
+    with _REGISTERING:
+        _register()
+
+
+@lru_cache(maxsize=None)
+def _register() -> None:
     dot_desc, dot_impl = _dot_16x2()
     TensorIntrin.register(BF16Intrin.AVX512_DOT_16x2.value, dot_desc, dot_impl, override=True)
     TensorIntrin.register(BF16Intrin.AMX_TILE_16x16x32.value, *_tile_16x16x32(), override=True)
