@@ -318,15 +318,24 @@ def _store_row(state: State, sid: int, nests: dict[int, list[_Loop]], cores: int
     var_limit = {v.name: v.extent - 1 for v in stage.block.vars}
     write_bytes = next((b.elem_bytes for b in buffers if b.is_write), 4)
 
-    # Footprints per loop level, innermost first: level k = the innermost k loops vary.
+    # Footprints per loop level, innermost first: level k = the innermost k loops vary. A buffer's footprint
+    # changes only at a loop that widens the span of a variable it is indexed by (a GPU nest's many loops of
+    # one iteration widen none): recomputing only those halved the calls, the hot spot of a CUDA round.
     spans: dict[str, int] = {}
     footprints = [_footprint(b, spans, line_bytes) for b in buffers]  # (elements, lines) at the current level
+    indexed_by = [{v for dim in b.dims if dim is not None for v, _ in dim[0]} for b in buffers]
     level_bytes = [sum(b.elem_bytes for b in buffers)]
     for loop in reversed(nest):
+        widened = set()
         for var, stride in loop.parts:
             if var in var_limit:
-                spans[var] = min(var_limit[var], spans.get(var, 0) + stride * (loop.extent - 1))
-        footprints = [_footprint(b, spans, line_bytes) for b in buffers]
+                span = min(var_limit[var], spans.get(var, 0) + stride * (loop.extent - 1))
+                if span != spans.get(var, 0):
+                    spans[var] = span
+                    widened.add(var)
+        if widened:
+            footprints = [_footprint(b, spans, line_bytes) if widened & used else fp
+                          for b, used, fp in zip(buffers, indexed_by, footprints)]
         level_bytes.append(sum(fp[0] * b.elem_bytes for b, fp in zip(buffers, footprints)))
     inner_flops = [fpp * math.prod(extents[len(extents) - k:]) for k in range(len(extents) + 1)]
     intensity = [f / max(1, by) for f, by in zip(inner_flops, level_bytes)]
