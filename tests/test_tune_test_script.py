@@ -37,8 +37,9 @@ def is_loopback(ip: str) -> bool:
     return (mapped or addr).is_loopback
 
 
-#: The files a record crosses from the script to the log, in call order: those on the stack when the writer
-#: appends it (docs/design.md lists them; a new hop on the way fails here).
+#: The files a timed record crosses from the script to the log, in call order: those on the stack when the
+#: writer appends it (docs/design.md lists them; a new hop on the way fails here). A candidate that fails to
+#: build is logged from the build's callback, without the runners' file: the first record of a run can be one.
 PATH_TO_A_RECORD = [
     "scripts/tune_test.py",
     "ansor/cli/main.py",
@@ -50,7 +51,7 @@ PATH_TO_A_RECORD = [
     "ansor/log/records.py",
 ]
 
-_STACK_AT_FIRST_APPEND = """
+_STACK_AT_FIRST_TIMED_APPEND = """
 import json, runpy, sys, traceback
 from ansor.log import records
 
@@ -58,7 +59,8 @@ append, stacks = records.RecordWriter._append, []
 
 
 def traced(self, data):
-    if not stacks:
+    timed = any(json.loads(line).get("r", [None, -1])[1] == 0 for line in data.decode().splitlines() if line.strip())
+    if timed and not stacks:
         stacks.append([frame.filename for frame in traceback.extract_stack()])
     return append(self, data)
 
@@ -76,14 +78,14 @@ print(json.dumps(stacks[0]))
 def run_sampling_listeners(*args: str, timeout: int = 300) -> tuple[subprocess.CompletedProcess, set, set]:
     """Run the script; while it runs, every 0.5 s collect the listening sockets of its process tree (a sweep
     of Ray's ~10 processes costs ~90 ms of CPU: every 0.2 s it took a third of a core from the suite). The
-    script runs under :data:`_STACK_AT_FIRST_APPEND`, so the last line of its output is the stack of its first
-    record's append.
+    script runs under :data:`_STACK_AT_FIRST_TIMED_APPEND`, so the last line of its output is the stack of
+    its first timed record's append.
 
     Returns the finished process and the sets of (process name, ip, port) listening on loopback and
     elsewhere. Sockets are read per process, so nothing else on the machine is counted.
     """
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-c", _STACK_AT_FIRST_APPEND, str(SCRIPT), *args], stdout=out,
+        proc = subprocess.Popen([sys.executable, "-c", _STACK_AT_FIRST_TIMED_APPEND, str(SCRIPT), *args], stdout=out,
                                 stderr=err, text=True, env=user_env(), cwd=ROOT)
         local, exposed = set(), set()
         deadline = time.monotonic() + timeout
