@@ -199,7 +199,7 @@ def _steps_of(log: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, set, set]:
-    """A short run into a database, watched: its listening sockets, and the stack of its first record."""
+    """A short run into a database, watched: its listening sockets, and the stack of each append to its log."""
     db = tmp_path_factory.mktemp("first-run") / "db"
     proc, local, exposed = run_sampling_listeners("--wkl", "matmul-64", "--n-trials", "8", "--per-round", "4",
                                                   "--database", str(db), "--cost-model", "random")

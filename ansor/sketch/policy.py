@@ -13,7 +13,7 @@ import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from ..state.loop_state import State
@@ -89,8 +89,9 @@ class SketchPolicy:
         batch: list[State] = []
         keys: set = set()
         if self._first:
-            first, self._first = self._first, []
-            self._add_valid((s for s in first if s.key() not in self.measured), batch, keys, n, keep=self._first)
+            first = iter(self._first)
+            self._add_valid((s for s in first if s.key() not in self.measured), batch, keys, n)
+            self._first = list(first)  # what the batch had no room for
         if batch:
             return batch
         p = self.params
@@ -107,11 +108,10 @@ class SketchPolicy:
                                                   exclude=self.measured | keys), batch, keys, n)
         return batch
 
-    def _add_valid(self, states: Iterable[State], batch: list[State], keys: set, limit: int,
-                   keep: Optional[list[State]] = None) -> None:
+    def _add_valid(self, states: Iterable[State], batch: list[State], keys: set, limit: int) -> None:
         """Add ``states``, in order, to ``batch`` until it holds ``limit``, each unless the search space's
-        check refuses it (CPU: TVM cannot replay it; GPU: it fails TVM's GPU verifier); ``keep`` gets the
-        states left unchecked.
+        check refuses it (CPU: TVM cannot replay it; GPU: it fails TVM's GPU verifier); ``states`` is read
+        no further than that.
 
         The cost model describes States without TVM, so a program TensorIR would refuse can rank high; a
         check costs a few ms (a CUDA one ~50), a failed build a trial. A refused program is never proposed
@@ -119,6 +119,7 @@ class SketchPolicy:
         batch is the one checking them one by one would give.
         """
         todo = iter(states)
+        pool, check = _checkers(), partial(self.space.check, self.task)
         while len(batch) < limit:
             chunk: list[State] = []
             for state in todo:
@@ -129,15 +130,10 @@ class SketchPolicy:
                         break
             if not chunk:
                 break
-            pool = _checkers()
-            check = self.space.check
-            reasons = pool.map(lambda s: check(self.task, s), chunk) if pool and len(chunk) > 1 else \
-                [check(self.task, s) for s in chunk]
+            reasons = pool.map(check, chunk) if pool and len(chunk) > 1 else map(check, chunk)
             for state, reason in zip(chunk, reasons):
                 if reason is None:
                     batch.append(state)
                 else:
                     self.measured.add(state.key())
                     logger.debug("%s: dropped a program before measurement: %s", self.task.desc, reason)
-        if keep is not None:
-            keep.extend(todo)
