@@ -83,9 +83,12 @@ def test_sixteen_candidates_build_in_parallel_and_run_one_at_a_time(local_ray, m
 
 
 @pytest.mark.timing
-def test_a_far_slower_candidate_is_timed_by_one_run(local_ray, matmul128):
-    fast = MeasureInput(matmul128, tiled(matmul128, 16))
-    naive = MeasureInput(matmul128, matmul128.compute_dag.init_state())  # one thread, no vectorization
+def test_a_far_slower_candidate_is_timed_by_one_run(local_ray):
+    # 256, not 128: a probe of the fast program (0.8 ms) must stall past the naive one's (23 ms; 2.7 ms at 128,
+    # which one CI stall reached) to reorder them.
+    task = SearchTask.from_workload("matmul-256")
+    fast = MeasureInput(task, tiled(task, 16))
+    naive = MeasureInput(task, task.compute_dag.init_state())  # one thread, no vectorization
     for order in ([fast, naive], [naive, fast]):  # a task's first batch probes all before timing any
         with ProgramMeasurer(min_repeat_ms=10) as m:
             results = dict(zip((id(x) for x in order), m.measure(order)))
