@@ -1,5 +1,5 @@
 """Every LLVM function ansor builds realigns its stack frame, so vector spill slots are aligned wherever the
-calling thread's stack is (``ansor/codegen.py``)."""
+calling thread's stack is (``ansor/codegen/``)."""
 
 import os
 import re

@@ -135,9 +135,22 @@ def _unit_stride(state: State, stage_id: int, position: int) -> bool:
     return True
 
 
+def tiling_structure(intrin: BF16Intrin) -> str:
+    """The loop levels around ``intrin``: Ansor's CPU tiling, whose innermost tile is spatial; for AMX's tile
+    product a reduction innermost, so that a loop of products accumulates into one tile, kept in its
+    register across the loop (:mod:`ansor.codegen.amx_tiles`), where a spatial tile there would store and reload it
+    at every step."""
+    return AMX_STRUCTURE if intrin is BF16Intrin.AMX_TILE_16x16x32 else CPU_STRUCTURE
+
+
+#: AMX's tiling: output tiles (S), a reduction block (R), the accumulator tiles it updates (S), their
+#: reduction loop (R); 8 tile registers hold one accumulator here (tensor_intrin's tiles 0-2).
+AMX_STRUCTURE = "SSRSR"
+
+
 def tile_around(state: State, stage_id: int, intrin: BF16Intrin, space: Optional[Lengths] = None,
                 reduce: Optional[Lengths] = None) -> Optional[State]:
-    """A copy of ``state`` whose product ``stage_id`` is Ansor's CPU tiling around ``intrin``, or None if
+    """A copy of ``state`` whose product ``stage_id`` is tiled around ``intrin`` (:func:`tiling_structure`), or None if
     the intrinsic does not fit it (:func:`product_loops`). ``space[a]`` / ``reduce[b]``: the inner tile
     lengths of spatial loop ``a`` / reduction loop ``b`` (those the intrinsic takes a part of counted in
     whole intrinsic extents); None leaves them to random annotation."""
@@ -147,7 +160,8 @@ def tile_around(state: State, stage_id: int, intrin: BF16Intrin, space: Optional
     m, q = loops
     inner_s, inner_r = intrin.spatial, intrin.reduction
     n_in = len(inner_s)
-    n_space, n_reduce = CPU_STRUCTURE.count("S"), CPU_STRUCTURE.count("R")
+    structure = tiling_structure(intrin)
+    n_space, n_reduce = structure.count("S"), structure.count("R")
     space = space or [[None] * (n_space - 1)] * m
     reduce = reduce or [[None] * (n_reduce - 1)] * q
     s = state.copy()
@@ -167,7 +181,7 @@ def tile_around(state: State, stage_id: int, intrin: BF16Intrin, space: Optional
     levels = {"S": [[a * n_space + lv for a in range(m)] for lv in range(n_space)],
               "R": [[first_r + b * n_reduce + lv for b in range(q)] for lv in range(n_reduce)]}
     order, taken = [], {"S": 0, "R": 0}
-    for ch in CPU_STRUCTURE:
+    for ch in structure:
         order += levels[ch][taken[ch]]
         taken[ch] += 1
     inner = list(range(first_r + q * n_reduce, first_r + q * n_reduce + n_in + 1))

@@ -16,8 +16,9 @@ Layouts (the weight is packed into them at build time; the activations are read 
 - AVX512_BF16, ``dot_16x2``: ``C[16] += A[2] . B[16, 2]``: one row of A, a k pair; B holds 16 columns'
   k pairs side by side (``Bp[n // 16, k // 2, n % 16, k % 2]``).
 - AMX, ``tile_16x16x32``: ``C[16, 16] += A[16, 32] . B[16, 16, 2]``: B in k pairs
-  (``Bp[k // 2, n, k % 2]``), the layout ``tdpbf16ps`` reads. The tile configuration is loaded by each
-  call (64 bytes): simple, and correct whatever ran before.
+  (``Bp[k // 2, n, k % 2]``), the layout ``tdpbf16ps`` reads. Each call loads the tile configuration and
+  C, and stores C: correct wherever it is placed; :mod:`ansor.codegen.amx_tiles` then keeps the configuration and
+  C in their registers across the kernel's loops.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ from typing import Any, Iterator
 import tvm
 import tvm_ffi
 
+from .amx_tiles import keep_tiles_in
+from ..target import has_x86_feature
+
 #: TVM's code generator for ``llvm`` targets (CPU kernels, and the host side of every other target).
 LLVM_BUILD = "target.build.llvm"
 _LOAD_IR = "ffi.Module.load_from_file.ll"
@@ -78,7 +81,7 @@ def bf16_intrinsics(ir: str) -> str:
 
 def _realigning(build: Any) -> Any:
     def build_llvm(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Module:
-        lib = build(mod, target)
+        lib = build(keep_tiles_in(mod) if has_x86_feature(target, "amx-tile") else mod, target)
         ir = lib.inspect_source("ll")
         realigned = realign_stack(bf16_intrinsics(ir))
         if realigned == ir:

@@ -1,0 +1,158 @@
+"""AMX kernels that keep their tiles (ansor/codegen/amx_tiles.py), on any CPU: the rewrite of sampled AMX programs,
+compiled for an explicit AMX target, and the same kernels run with the tile instructions in software
+(tests/amx_emulator.c, where a C compiler is installed) against the product computed in numpy."""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+
+from ansor import codegen
+from ansor.codegen import amx_tiles
+from ansor.codegen.amx_tiles import TileOp, keep_tiles_in, tile_call
+from ansor.measure.check import bf16_tolerance
+from ansor.sketch.search_space import generate_sketches, sample_initial_population
+from ansor.sketch.tensor_rules import AMX_STRUCTURE, tiling_structure
+from ansor.state.tensor_intrin import TENSORIZE, BF16Intrin, bf16_bits_to_f32, round_to_bf16
+from ansor.task import program
+from ansor.task.search_task import SearchTask
+
+AMX = {"kind": "llvm", "mcpu": "sapphirerapids", "mtriple": "x86_64-linux-gnu", "num-cores": 2}
+M, N, K = 64, 64, 256
+EMULATOR = Path(__file__).with_name("amx_emulator.c")
+
+
+@pytest.fixture(scope="module")
+def task():
+    return SearchTask.from_workload(f"bf16-matmul-{M}x{N}x{K}", target=tvm.target.Target(AMX))
+
+
+@pytest.fixture(scope="module")
+def lowered(task):
+    """The lowered kernels TVM hands LLVM (before the rewrite) of 8 sampled AMX programs, and of one of them
+    with the loop around its tile products unrolled."""
+    amx_sketch = generate_sketches(task)[0]
+    assert tiling_structure(BF16Intrin.AMX_TILE_16x16x32) == AMX_STRUCTURE == "SSRSR"
+    states = sample_initial_population(task, [amx_sketch], 8, random.Random(0))
+    unrolled = states[0].copy()
+    [(stage_id, head)] = [(sid, k) for sid, stage in enumerate(unrolled.stages) for k, it in enumerate(stage.iters)
+                          if it.annotation.startswith(TENSORIZE)]
+    assert unrolled.stages[stage_id].iters[head - 1].kind.name == "REDUCE"  # a reduction loop directly around
+    unrolled.annotate(stage_id, head - 1, "unroll")
+    modules = []
+    codegen.install()
+    build = tvm.get_global_func(codegen.LLVM_BUILD)
+    tvm_ffi.register_global_func(codegen.LLVM_BUILD, lambda mod, target: (modules.append(mod), build(mod, target))[1],
+                                 override=True)
+    try:
+        for state in [*states, unrolled]:
+            asm = codegen.compile(program.schedule(task, state), task.target).mod.inspect_source("asm")
+            assert all(op in asm for op in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored"))
+    finally:
+        tvm_ffi.register_global_func(codegen.LLVM_BUILD, build, override=True)
+    return modules
+
+
+def executed(mod: tvm.IRModule) -> Counter:
+    """How many times each tile instruction runs (loop extents multiplied; all calls are unconditional)."""
+    counts: Counter = Counter()
+
+    def walk(stmt, times: int) -> None:
+        call = tile_call(stmt)
+        if call is not None:
+            counts[call.op, call.tile] += times
+            return
+        if isinstance(stmt, tvm.tirx.For):
+            times *= int(stmt.extent)
+        for child in amx_tiles.children_of(stmt):
+            walk(child, times)
+    for func in mod.functions.values():
+        walk(func.body, 1)
+    return counts
+
+
+def test_the_configuration_is_loaded_once_a_thread_and_accumulators_stay_in_their_tile(lowered):
+    products = M * N * K // (16 * 16 * 32)
+    resident = 0
+    for mod in lowered:
+        before, after = executed(mod), executed(keep_tiles_in(mod))
+        assert before[TileOp.CONFIG, None] == before[TileOp.DOT, None] == products  # each call self-contained
+        assert after[TileOp.DOT, None] == products and after[TileOp.LOAD, 1] == after[TileOp.LOAD, 2] == products
+        assert 1 <= after[TileOp.CONFIG, None] <= products // 4  # once per parallel iteration, before its loops
+        assert after[TileOp.LOAD, 0] == after[TileOp.STORE, 0] <= products
+        resident += after[TileOp.LOAD, 0] < products
+    assert resident >= len(lowered) // 2, "the accumulator stayed in its tile in few programs"
+    # Unrolled, the loop's stores and reloads of one tile at one place are dropped.
+    unrolled = executed(keep_tiles_in(lowered[-1]))
+    assert unrolled[TileOp.LOAD, 0] < executed(lowered[-1])[TileOp.LOAD, 0]
+
+
+def test_kernels_without_tile_instructions_are_left_alone():
+    task = SearchTask.from_workload("matmul-64", target=tvm.target.Target({**AMX, "mcpu": "skylake-avx512"}))
+    modules = []
+    build = tvm.get_global_func(codegen.LLVM_BUILD)
+    tvm_ffi.register_global_func(codegen.LLVM_BUILD, lambda mod, target: (modules.append(mod), build(mod, target))[1],
+                                 override=True)
+    try:
+        codegen.compile(program.schedule(task, None), task.target)
+    finally:
+        tvm_ffi.register_global_func(codegen.LLVM_BUILD, build, override=True)
+    assert keep_tiles_in(modules[0]) is modules[0]
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("needs a C compiler to build the tile emulator (tests/amx_emulator.c)")
+    lib = tmp_path_factory.mktemp("amx") / "libamx_emulator.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(EMULATOR)], check=True)
+    emu = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)  # global: the kernels' calls resolve to it
+    emu.ansor_emu_count.restype = ctypes.c_long
+    return emu
+
+
+def emulated(mod: tvm.IRModule) -> tvm.runtime.Module:
+    """``mod`` built for this CPU with each tile instruction a call of the emulator's function of its name."""
+    def rewrite(stmt):
+        call = tile_call(stmt)
+        if call is not None:
+            name = "ansor_emu_" + call.op.value.rsplit(".", 1)[1]
+            return tvm.tirx.Evaluate(tvm.tirx.call_extern("int32", name, *call.args))
+        children = amx_tiles.children_of(stmt)
+        return amx_tiles.rebuild(stmt, [rewrite(c) for c in children]) if children else stmt
+    host = tvm.target.Target("llvm")
+    out = tvm.IRModule({gv: f.with_body(rewrite(f.body)).with_attr("target", host)
+                        for gv, f in mod.functions.items()})
+    return tvm.get_global_func(codegen.LLVM_BUILD)(out, host)
+
+
+def test_kept_tiles_compute_the_product_with_tiles_in_software(lowered, emulator):
+    """Each kernel, before and after the rewrite, run with the tile instructions emulated per thread: both
+    compute the bf16 product, no instruction runs on an unconfigured thread, and the rewritten kernels move
+    fewer configurations and accumulator tiles."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((M, K), dtype=np.float32), rng.random((K, N), dtype=np.float32)
+    want = bf16_bits_to_f32(round_to_bf16(a)).astype(np.float64) @ bf16_bits_to_f32(round_to_bf16(b)).astype(np.float64)
+    tol = bf16_tolerance(K)
+    for mod in lowered[:4] + lowered[-1:]:
+        counts = {}
+        for kind, kernel in (("as placed", mod), ("kept", keep_tiles_in(mod))):
+            args = [tvm.runtime.tensor(x) for x in (a, b, np.zeros((M, N), np.float32))]
+            emulated(kernel)["main"](*args)
+            counts[kind] = [emulator.ansor_emu_count(i) for i in range(6)]
+            got = args[2].numpy()
+            assert counts[kind][5] == 0, f"{kind}: a tile instruction ran before its thread's configuration"
+            assert np.abs(got - want).max() <= K * 2.0 ** -24 * 4 * want.max(), kind  # fp32 sums only
+            assert np.abs(got - a @ b).max() <= tol.rtol * np.abs(a @ b).max()
+        assert counts["kept"][3] == counts["as placed"][3] == M * N * K // (16 * 16 * 32)  # same products
+        assert counts["kept"][0] < counts["as placed"][0] and counts["kept"][1] <= counts["as placed"][1]
