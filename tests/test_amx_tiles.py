@@ -15,15 +15,20 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from tvm.script import relax as R
 
 from ansor import codegen
 from ansor.codegen import amx_tiles
 from ansor.codegen.amx_tiles import TileOp, keep_tiles_in, tile_call
 from ansor.measure.check import bf16_tolerance
+from ansor.networks import extract
+from ansor.relax import as_network
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.sketch.tensor_rules import AMX_STRUCTURE, tiling_structure
+from ansor.state.loop_nest import AttachKind
 from ansor.state.tensor_intrin import TENSORIZE, BF16Intrin, bf16_bits_to_f32, round_to_bf16
 from ansor.task import program
+from ansor.task.precision import Precision
 from ansor.task.search_task import SearchTask
 
 AMX = {"kind": "llvm", "mcpu": "sapphirerapids", "mtriple": "x86_64-linux-gnu", "num-cores": 2}
@@ -36,10 +41,25 @@ def task():
     return SearchTask.from_workload(f"bf16-matmul-{M}x{N}x{K}", target=tvm.target.Target(AMX))
 
 
+def lowered_kernels(task: SearchTask, states) -> list[tvm.IRModule]:
+    """The lowered kernels TVM hands LLVM (before the rewrite) for ``states``, each compiled to tile code."""
+    modules = []
+    codegen.install()
+    build = tvm.get_global_func(codegen.LLVM_BUILD)
+    tvm_ffi.register_global_func(codegen.LLVM_BUILD, lambda mod, target: (modules.append(mod), build(mod, target))[1],
+                                 override=True)
+    try:
+        for state in states:
+            asm = codegen.compile(program.schedule(task, state), task.target).mod.inspect_source("asm")
+            assert all(op in asm for op in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored"))
+    finally:
+        tvm_ffi.register_global_func(codegen.LLVM_BUILD, build, override=True)
+    return modules
+
+
 @pytest.fixture(scope="module")
 def lowered(task):
-    """The lowered kernels TVM hands LLVM (before the rewrite) of 8 sampled AMX programs, and of one of them
-    with the loop around its tile products unrolled."""
+    """8 sampled AMX programs, and one of them with the loop around its tile products unrolled."""
     amx_sketch = generate_sketches(task)[0]
     assert tiling_structure(BF16Intrin.AMX_TILE_16x16x32) == AMX_STRUCTURE == "SSRSR"
     states = sample_initial_population(task, [amx_sketch], 8, random.Random(0))
@@ -48,28 +68,17 @@ def lowered(task):
                           if it.annotation.startswith(TENSORIZE)]
     assert unrolled.stages[stage_id].iters[head - 1].kind.name == "REDUCE"  # a reduction loop directly around
     unrolled.annotate(stage_id, head - 1, "unroll")
-    modules = []
-    codegen.install()
-    build = tvm.get_global_func(codegen.LLVM_BUILD)
-    tvm_ffi.register_global_func(codegen.LLVM_BUILD, lambda mod, target: (modules.append(mod), build(mod, target))[1],
-                                 override=True)
-    try:
-        for state in [*states, unrolled]:
-            asm = codegen.compile(program.schedule(task, state), task.target).mod.inspect_source("asm")
-            assert all(op in asm for op in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored"))
-    finally:
-        tvm_ffi.register_global_func(codegen.LLVM_BUILD, build, override=True)
-    return modules
+    return lowered_kernels(task, [*states, unrolled])
 
 
 def executed(mod: tvm.IRModule) -> Counter:
     """How many times each tile instruction runs (loop extents multiplied; all calls are unconditional)."""
-    counts: Counter = Counter()
+    runs: Counter = Counter()
 
     def walk(stmt, times: int) -> None:
         call = tile_call(stmt)
         if call is not None:
-            counts[call.op, call.tile] += times
+            runs[call.op, call.tile] += times
             return
         if isinstance(stmt, tvm.tirx.For):
             times *= int(stmt.extent)
@@ -77,7 +86,7 @@ def executed(mod: tvm.IRModule) -> Counter:
             walk(child, times)
     for func in mod.functions.values():
         walk(func.body, 1)
-    return counts
+    return runs
 
 
 def test_the_configuration_is_loaded_once_a_thread_and_accumulators_stay_in_their_tile(lowered):
@@ -121,6 +130,12 @@ def emulator(tmp_path_factory):
     return emu
 
 
+def counts(emulator) -> list[int]:
+    """The emulator's counts since the last call: configurations, accumulator loads, other loads, products,
+    stores, instructions on an unconfigured thread."""
+    return [emulator.ansor_emu_count(i) for i in range(6)]
+
+
 def emulated(mod: tvm.IRModule) -> tvm.runtime.Module:
     """``mod`` built for this CPU with each tile instruction a call of the emulator's function of its name."""
     def rewrite(stmt):
@@ -145,14 +160,54 @@ def test_kept_tiles_compute_the_product_with_tiles_in_software(lowered, emulator
     want = bf16_bits_to_f32(round_to_bf16(a)).astype(np.float64) @ bf16_bits_to_f32(round_to_bf16(b)).astype(np.float64)
     tol = bf16_tolerance(K)
     for mod in lowered[:4] + lowered[-1:]:
-        counts = {}
+        ran = {}
         for kind, kernel in (("as placed", mod), ("kept", keep_tiles_in(mod))):
             args = [tvm.runtime.tensor(x) for x in (a, b, np.zeros((M, N), np.float32))]
+            counts(emulator)
             emulated(kernel)["main"](*args)
-            counts[kind] = [emulator.ansor_emu_count(i) for i in range(6)]
+            ran[kind] = counts(emulator)
             got = args[2].numpy()
-            assert counts[kind][5] == 0, f"{kind}: a tile instruction ran before its thread's configuration"
+            assert ran[kind][5] == 0, f"{kind}: a tile instruction ran before its thread's configuration"
             assert np.abs(got - want).max() <= K * 2.0 ** -24 * 4 * want.max(), kind  # fp32 sums only
             assert np.abs(got - a @ b).max() <= tol.rtol * np.abs(a @ b).max()
-        assert counts["kept"][3] == counts["as placed"][3] == M * N * K // (16 * 16 * 32)  # same products
-        assert counts["kept"][0] < counts["as placed"][0] and counts["kept"][1] <= counts["as placed"][1]
+        assert ran["kept"][3] == ran["as placed"][3] == M * N * K // (16 * 16 * 32)  # the same products
+        assert ran["kept"][0] < ran["as placed"][0] and ran["kept"][1] <= ran["as placed"][1]
+
+
+@tvm.script.ir_module
+class ConvBiasRelu:  # 16 x 16 output rows fill AMX tiles; bias and ReLU are the product's epilogue
+    @R.function
+    def main(x: R.Tensor((1, 16, 16, 32), "float32"), w: R.Tensor((3, 3, 32, 32), "float32"),
+             b: R.Tensor((32,), "float32")):
+        with R.dataflow():
+            y = R.nn.relu(R.add(R.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="HWIO"), b))
+            R.output(y)
+        return y
+
+
+def test_a_convolution_with_its_epilogue_fused_keeps_tiles_and_computes_the_layer(emulator):
+    """A 3x3 convolution's AMX programs with bias and ReLU fused, run on emulated tiles before and after the
+    rewrite, against its unscheduled program (three reduction loops, the epilogue between output tiles)."""
+    rng = np.random.default_rng(0)
+    params = {"w": rng.uniform(-0.5, 0.5, (3, 3, 32, 32)).astype("float32"),
+              "b": rng.uniform(-0.5, 0.5, (32,)).astype("float32")}
+    ex = extract(as_network(ConvBiasRelu, params), AMX, precision=Precision.BF16)
+    [task] = [t.task for t in ex.tasks if "bfloat" in t.name]
+    fused = generate_sketches(task)[:2]  # AMX tiles, the epilogue under spatial level 1 or 2
+    assert all(any(st.compute_at == AttachKind.ITER for st in s.stages) for s in fused)
+    states = sample_initial_population(task, fused, 4, random.Random(1))
+    arrays = program.random_inputs(task)
+    want = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
+                               arrays)[-1]
+    for mod in lowered_kernels(task, states):
+        configurations = []
+        for kernel in (mod, keep_tiles_in(mod)):
+            args = [tvm.runtime.tensor(a) for a in arrays]
+            counts(emulator)
+            emulated(kernel)["main"](*args)
+            ran = counts(emulator)
+            assert ran[5] == 0, "a tile instruction ran before its thread's configuration"
+            configurations.append(ran[0])
+            got = args[-1].numpy()
+            assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * np.abs(want).max()  # the fp32 sums' order
+        assert configurations[1] < configurations[0]

@@ -33,6 +33,7 @@ from ansor.networks.default_schedule import default_state
 from ansor.networks.evaluate import run
 from ansor.relax import as_network, export_network, tune_tasks
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
+from ansor.state.loop_nest import AttachKind
 from ansor.state.tensor_intrin import TENSORIZE, BF16Intrin, bf16_bits_to_f32, round_to_bf16
 from ansor.task import program
 from ansor.task.precision import Precision
@@ -120,6 +121,24 @@ def test_a_dense_layer_computes_bf16_inputs_with_fp32_sums():
     assert np.abs(got - want).max() <= 32 * 2.0 ** -23 * np.abs(want).max()  # only the fp32 sums' order
     exact = np.maximum(x.astype(np.float64) @ params["w"] + params["b"], 0)
     assert np.abs(got - exact).max() > 1e-4  # the inputs were rounded
+
+
+def test_a_bf16_product_takes_its_epilogue_under_an_output_tile():
+    """Dense's bias and ReLU are fused under the product's first or second spatial tile level (two sketches
+    beside the unfused one), and every sampled fused program computes what the unscheduled one does."""
+    ex = extract(as_network(Dense, params_of(Dense)), PORTABLE, precision=BF16)
+    [task] = [t.task for t in ex.tasks if "bfloat" in t.name]
+    sketches = generate_sketches(task)
+    fused = [s for s in sketches if any(st.compute_at == AttachKind.ITER for st in s.stages)]
+    assert len(sketches) == 3 and len(fused) == 2 and all(tensorized(s) for s in sketches)
+    assert len({st.attach for s in fused for st in s.stages if st.compute_at == AttachKind.ITER}) == 2  # two levels
+    arrays = program.random_inputs(task)
+    want = program.run_program(program.build_program(task, None), arrays)[-1]
+    states = sample_initial_population(task, fused, 6, random.Random(0))
+    assert any(st.compute_at == AttachKind.ITER for s in states for st in s.stages)
+    for state in states:
+        got = program.run_program(program.build_program(task, state), arrays)[-1]
+        assert np.abs(got - want).max() <= 32 * 2.0 ** -23 * np.abs(want).max()  # only the fp32 sums' order
 
 
 @tvm.script.ir_module

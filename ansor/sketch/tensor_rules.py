@@ -6,7 +6,8 @@ convolutions and dense layers, :mod:`ansor.networks.bf16`). Its spatial loops co
 channels last of them, then its reductions, the pairs' last. Its sketch is Ansor's CPU tiling (``SSRSRS``)
 of every loop but 16 columns and a k pair, which stay innermost and become one intrinsic call (a ``TZ``
 step); on a target with AMX a second sketch leaves 16 rows, 16 columns and 32 reduction channels innermost
-for one ``tdpbf16ps`` tile product (where the rows are one dense box of the activation). Random annotation
+for one ``tdpbf16ps`` tile product (where the rows are one dense box of the activation). Each also comes with
+its element-wise epilogue under its first or second spatial tile level, as Ansor fuses it. Random annotation
 fills the tile sizes, parallel loops, unrolling and compute locations as for any sketch. The operands'
 conversions are not inlined: the intrinsic reads them from memory, in the layout their stages write.
 
@@ -27,7 +28,7 @@ from ..state.loop_state import State
 from ..state.tensor_intrin import BF16Intrin
 from ..target import has_x86_feature, target_label
 from ..task.search_task import SearchTask
-from .rules import CPU_STRUCTURE, Cond, SketchRule, needs_multi_level_tiling
+from .rules import CPU_STRUCTURE, Cond, SketchRule, needs_multi_level_tiling, single_elementwise_consumer
 
 #: The dtype of a buffer of bf16 bits (TVM's own bfloat16 never reaches the unit: tensor_intrin says why).
 BF16_BITS = "uint16"
@@ -92,8 +93,19 @@ class BF16DotProduct(SketchRule):
     def apply(self, task: SearchTask, state: State, stage_id: int) -> list[tuple[State, int]]:
         if not is_bf16_product(state, stage_id):
             return [(state, stage_id - 1)]  # an operand's conversion: computed, not inlined
-        tiled = (tile_around(state, stage_id, intrin) for intrin in intrinsics(task.target))
-        return [(t, stage_id - 1) for t in tiled if t is not None]
+        consumer = single_elementwise_consumer(state, stage_id)
+        out = []
+        for intrin in intrinsics(task.target):
+            tiled = tile_around(state, stage_id, intrin)
+            if tiled is None:
+                continue
+            if consumer is not None:  # the epilogue under an output tile, as MultiLevelTilingWithFusion does
+                for end in fusion_points(state, stage_id, intrin):
+                    fused = tiled.copy()
+                    fused.compute_at(consumer, stage_id, end)
+                    out.append(fused)
+            out.append(tiled)
+        return [(s, stage_id - 1) for s in out]
 
 
 Lengths = Sequence[Sequence[Optional[int]]]
@@ -133,6 +145,18 @@ def _unit_stride(state: State, stage_id: int, position: int) -> bool:
         if sum(c != 0 for c in coefs) > 1 or any(c not in (0, 1) for c in coefs):
             return False
     return True
+
+
+def fusion_points(state: State, stage_id: int, intrin: BF16Intrin) -> tuple[int, ...]:
+    """Where :func:`tile_around`'s tiling of the product can take its element-wise consumer: the last loop of
+    the first and of the second spatial level (Ansor's fusion under tile level 1 or 2)."""
+    m, q = product_loops(state, stage_id, intrin) or (0, 0)
+    ends, end = [], -1
+    for ch in tiling_structure(intrin):
+        end += m if ch == "S" else q
+        if ch == "S":
+            ends.append(end)
+    return tuple(ends[:2])
 
 
 def tiling_structure(intrin: BF16Intrin) -> str:
