@@ -1,19 +1,23 @@
-"""AMX kernels that keep their tiles: one tile configuration per thread, and the accumulator tile kept in its
-register across the reduction. A rewrite of the TIR that TVM hands LLVM (:mod:`ansor.codegen` runs it).
+"""AMX kernels that keep their tiles: one tile configuration per thread, accumulator tiles kept in their
+registers across the reduction, up to four of them side by side. A rewrite of the TIR that TVM hands LLVM
+(:mod:`ansor.codegen` runs it for targets with AMX).
 
 The tile product intrinsic (``tile_16x16x32`` of :mod:`ansor.state.tensor_intrin`) is one self-contained
-call: it fills a 64-byte tile configuration and loads it (``ldtilecfg``), loads the accumulator tile C, A
-and B, multiplies (``tdpbf16ps``) and stores C back. That is correct wherever TensorIR places the call, but
-each 16x16x32 product (16 K flops) then moves the configuration and C's 1 KB through memory twice, and
-TensorIR has no way to say that a value lives in a tile register between two calls. So, on the lowered
-kernel:
+call: it fills a 64-byte tile configuration and loads it (``ldtilecfg``), loads the accumulator tile C
+(tile 0), A (1) and B (2), multiplies (``tdpbf16ps``) and stores C back. That is correct wherever TensorIR
+places the call, but each 16x16x32 product (16 K flops) then moves the configuration and C's 1 KB through
+memory twice, and TensorIR has no way to say that a value lives in a tile register between two calls. So,
+on the lowered kernel:
 
-- the configuration is loaded once before the outermost serial loop nest that holds tile instructions (in
-  a parallel loop, inside its body: a tile configuration belongs to a thread), and every copy the calls
-  made is dropped;
-- a loop whose body loads the accumulator tile first and stores it last, at an address the loop does not
-  move (a reduction loop directly around the call), loads it before the loop and stores it after;
-- in unrolled calls, a store of the accumulator followed by a load of it from the same address is dropped.
+- the configuration, of all 8 tiles, is loaded once before the outermost run of statements holding tile
+  instructions (in a parallel loop, inside its body: a tile configuration belongs to a thread), and every
+  copy the calls made is dropped;
+- a loop whose body loads its accumulator tiles first and stores them last, at addresses the loop does not
+  move (a reduction loop directly around the call), loads them before the loop and stores them after;
+- in unrolled calls, a store of the accumulator followed by a load of it from the same address is dropped;
+- consecutive output tiles (the AMX sketch unrolls them: ``tensor_rules.AMX_STRUCTURE``), each its load,
+  a reduction loop of products (or one product) and its store, become one loop updating up to
+  :data:`MAX_ACCUMULATORS` tiles, where an A or B tile two products read is loaded once.
 
 A kernel whose tile instructions come in any other shape is left as it is (each call is correct alone).
 """
@@ -21,8 +25,9 @@ A kernel whose tile instructions come in any other shape is left as it is (each 
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Optional
 
@@ -35,6 +40,11 @@ logger = logging.getLogger("ansor")
 _LLVM_INTRIN = "tirx.call_llvm_intrin"
 #: The tile the intrinsic accumulates in (tiles 1 and 2 hold A and B).
 ACCUMULATOR = 0
+#: AMX's tile registers, each configured here as 16 rows of 64 bytes.
+TILE_REGISTERS = 8
+#: Accumulators updated side by side in one reduction loop: oneDNN's AMX kernel keeps 4 (2 x 2 output
+#: tiles), so that each A and B tile loaded serves two products; the other 4 registers hold them.
+MAX_ACCUMULATORS = 4
 
 
 class TileOp(enum.Enum):
@@ -143,14 +153,14 @@ def _config_buffer(stmt: tvm.tirx.Stmt) -> Optional[str]:
     return address.args[0].source.name
 
 
-def _fills(stmt: tvm.tirx.Stmt, buffer: str) -> bool:
+def _fills(stmt: tvm.tirx.Stmt, buffer: str, loop_vars: frozenset = frozenset()) -> bool:
     """Whether ``stmt`` only writes constants into ``buffer`` (its bytes of the configuration)."""
     if isinstance(stmt, tvm.tirx.BufferStore):
-        return stmt.buffer.name == buffer and _free_vars(stmt) <= {buffer}
+        return stmt.buffer.name == buffer and _free_vars(stmt) <= {buffer} | loop_vars
     if isinstance(stmt, tvm.tirx.For) and stmt.kind != tvm.tirx.ForKind.PARALLEL:
-        return _free_vars(stmt) <= {buffer} and all(_fills(c, buffer) for c in children_of(stmt))
+        return _fills(stmt.body, buffer, loop_vars | {stmt.loop_var.name})
     if isinstance(stmt, tvm.tirx.SeqStmt):
-        return all(_fills(c, buffer) for c in stmt.seq)
+        return all(_fills(c, buffer, loop_vars) for c in stmt.seq)
     return False
 
 
@@ -184,13 +194,31 @@ def _strip_config(stmt: tvm.tirx.Stmt, buffers: set[str], found: list[tvm.tirx.S
 
 # ------------------------------------------------------------------------------------------ accumulators
 @dataclass
-class _Residency:
-    """Moves accumulator loads and stores out of the loops and unrolled runs that do not need them."""
+class _Block:
+    """One output tile of the single-tile intrinsic: its accumulator's load, then a loop of A and B loads
+    and products (kept across it) or one load of each and their product, then its store."""
 
+    binds: list  # the Binds before the load (its address's terms)
+    load: _Call
+    body: list  # [the loop] or the statements between the load and the store
+    store: _Call
+
+    @property
+    def loop(self) -> Optional[tvm.tirx.For]:
+        return self.body[0] if len(self.body) == 1 and isinstance(self.body[0], tvm.tirx.For) else None
+
+
+@dataclass
+class _Residency:
+    """Moves accumulator loads and stores out of the loops and unrolled runs that do not need them, and
+    runs up to :data:`MAX_ACCUMULATORS` accumulators side by side in one loop."""
+
+    binds: list = field(default_factory=list)  # every (var, value) bound so far, for fresh analyzers
     analyzer: sym.Analyzer = field(default_factory=sym.Analyzer)
 
     def stmt(self, stmt: tvm.tirx.Stmt) -> tvm.tirx.Stmt:
         if isinstance(stmt, tvm.tirx.Bind):
+            self.binds.append((stmt.var, stmt.value))
             self.analyzer.bind(stmt.var, stmt.value)
             return stmt
         children = children_of(stmt)
@@ -198,23 +226,26 @@ class _Residency:
             return stmt
         rebuilt = rebuild(stmt, [self.stmt(c) for c in children])
         if isinstance(rebuilt, tvm.tirx.SeqStmt):
-            return self._drop_round_trips(list(rebuilt.seq))
+            return self._side_by_side(_items(self._drop_round_trips(list(rebuilt.seq))))
         if isinstance(rebuilt, tvm.tirx.For) and rebuilt.kind in (tvm.tirx.ForKind.SERIAL,
                                                                    tvm.tirx.ForKind.UNROLLED):
             return self._hoist(rebuilt)
         return rebuilt
 
-    def _same_place(self, a: _Call, b: _Call) -> bool:
-        """Two loads or stores of one tile at the same address and row stride."""
-        if a.tile != b.tile:
-            return False
+    def _same_address(self, a: _Call, b: _Call, analyzer: Optional[sym.Analyzer] = None) -> bool:
+        """Two loads or stores at the same address and row stride (whatever their tiles)."""
+        analyzer = analyzer or self.analyzer
         (pa, sa), (pb, sb) = a.args[1:], b.args[1:]
         if not all(isinstance(p, tvm.ir.Call) and p.op.name == "tirx.address_of" for p in (pa, pb)):
             return False
         la, lb = pa.args[0], pb.args[0]
         return (la.source.same_as(lb.source) and len(la.indices) == len(lb.indices)
-                and all(self.analyzer.can_prove_equal(x, y) for x, y in zip(la.indices, lb.indices))
-                and self.analyzer.can_prove_equal(sa, sb))
+                and all(analyzer.can_prove_equal(x, y) for x, y in zip(la.indices, lb.indices))
+                and analyzer.can_prove_equal(sa, sb))
+
+    def _same_place(self, a: _Call, b: _Call) -> bool:
+        """Two loads or stores of one tile at the same address and row stride."""
+        return a.tile == b.tile and self._same_address(a, b)
 
     def _drop_round_trips(self, items: list[tvm.tirx.Stmt]) -> tvm.tirx.Stmt:
         """Drop each accumulator store that the next tile instruction reloads from the same place."""
@@ -237,53 +268,272 @@ class _Residency:
         return _seq(out)
 
     def _hoist(self, loop: tvm.tirx.For) -> tvm.tirx.Stmt:
-        """``loop`` with its accumulator loaded before it and stored after it, where its body loads it
-        first and stores it last at a place the loop does not move; else ``loop`` unchanged."""
-        items = list(loop.body.seq) if isinstance(loop.body, tvm.tirx.SeqStmt) else [loop.body]
-        first = next((k for k, item in enumerate(items) if not isinstance(item, tvm.tirx.Bind)), None)
-        if first is None or first == len(items) - 1:
+        """``loop`` with its accumulators loaded before it and stored after it, where its body loads them
+        first and stores them last at places the loop does not move; else ``loop`` unchanged."""
+        items = _items(loop.body)
+        first = next((k for k, item in enumerate(items) if not isinstance(item, tvm.tirx.Bind)), len(items))
+        end = first
+        while end < len(items) and _is(items[end], TileOp.LOAD):
+            end += 1
+        last = len(items)
+        while last > end and _is(items[last - 1], TileOp.STORE):
+            last -= 1
+        middle, stores = items[end:last], [tile_call(x) for x in items[last:]]
+        accumulators = {int(c.args[0]) for item in middle for c in _calls(item) if c.op is TileOp.DOT}
+        loads = [tile_call(x) for x in items[first:end]]
+        kept = [x for x, c in zip(items[first:end], loads) if c.tile in accumulators]
+        others = [x for x, c in zip(items[first:end], loads) if c.tile not in accumulators]
+        by_tile = {c.tile: c for c in loads if c.tile in accumulators}
+        if (not accumulators or len(kept) != len(accumulators) or set(by_tile) != accumulators
+                or sorted(c.tile for c in stores) != sorted(accumulators)
+                or not all(self._same_place(by_tile[c.tile], c) for c in stores)):
             return loop
-        load, store = tile_call(items[first]), tile_call(items[-1])
-        if not (load and store and load.op is TileOp.LOAD and store.op is TileOp.STORE
-                and load.tile == ACCUMULATOR and self._same_place(load, store)):
-            return loop
-        middle = items[first + 1:-1]
-        if any(c.op in (TileOp.LOAD, TileOp.STORE, TileOp.CONFIG) and c.tile in (ACCUMULATOR, None)
+        if any(c.op is TileOp.CONFIG or c.op in (TileOp.LOAD, TileOp.STORE) and c.tile in accumulators
                for item in middle for c in _calls(item)):
             return loop
-        accumulator = load.args[1].args[0].source.name
-        if any(accumulator in _free_vars(item) for item in middle):
-            return loop  # the loop reads or writes the accumulator's memory: it must stay up to date
-        moving, outside = {loop.loop_var.name}, []
-        inside = []
+        buffers = {c.args[1].args[0].source.name for c in stores}
+        if any(buffers & _free_vars(item) for item in [*others, *middle]):
+            return loop  # the loop reads or writes the accumulators' memory: it must stay up to date
+        moving, outside, inside = {loop.loop_var.name}, [], []
         for bind in items[:first]:
             if _free_vars(bind.value) & moving or not _pure(bind.value):
                 moving.add(bind.var.name)
                 inside.append(bind)
             else:
                 outside.append(bind)
-        place = [*load.args[1].args[0].indices, load.args[2], *store.args[1].args[0].indices, store.args[2]]
-        if any(_free_vars(x) & moving for x in place):
+        # Both ends move out of the loop: their addresses may use neither its variable nor what it binds.
+        moving |= {x.var.name for x in middle if isinstance(x, tvm.tirx.Bind)}
+        places = [x for c in [*by_tile.values(), *stores] for x in (*c.args[1].args[0].indices, c.args[2])]
+        if any(_free_vars(x) & moving for x in places):
             return loop
-        return _seq([*outside, items[first], _with_body(loop, _seq([*inside, *middle])), items[-1]])
+        return _seq([*outside, *kept, _with_body(loop, _seq([*inside, *others, *middle])), *items[last:]])
+
+    # ---------------------------------------------------------------------- accumulators side by side
+    def _block_at(self, items: list[tvm.tirx.Stmt], start: int) -> Optional[tuple[_Block, int]]:
+        """The block (:class:`_Block`) starting at ``items[start]``, and the index after it."""
+        k = start
+        while k < len(items) and isinstance(items[k], tvm.tirx.Bind):
+            k += 1
+        load = tile_call(items[k]) if k < len(items) else None
+        if not (load and load.op is TileOp.LOAD and load.tile == ACCUMULATOR):
+            return None
+        end = next((e for e in range(k + 1, len(items)) if _is(items[e], TileOp.STORE)), None)
+        if end is None:
+            return None
+        store, body = tile_call(items[end]), items[k + 1:end]
+        if store.tile != ACCUMULATOR or not self._same_place(load, store):
+            return None
+        calls = [c for item in body for c in _calls(item)]
+        looped = len(body) == 1 and isinstance(body[0], tvm.tirx.For)
+        if not calls or not (looped or all(isinstance(x, tvm.tirx.Bind) or tile_call(x) for x in body)):
+            return None
+        if any(c.op in (TileOp.CONFIG, TileOp.STORE) or c.tile == ACCUMULATOR
+               or c.op is TileOp.DOT and [int(x) for x in c.args] != [0, 1, 2] for c in calls):
+            return None
+        return _Block(items[start:k], load, body, store), end + 1
+
+    def _side_by_side(self, items: list[tvm.tirx.Stmt]) -> tvm.tirx.Stmt:
+        """Consecutive blocks of the single-tile intrinsic (an unrolled loop of output tiles around a
+        reduction loop) merged into one reduction loop updating up to :data:`MAX_ACCUMULATORS` tiles: the A
+        and B tiles two products share are loaded once."""
+        out: list[tvm.tirx.Stmt] = []
+        k = 0
+        while k < len(items):
+            run, end = [], k
+            while (found := self._block_at(items, end)) is not None:
+                run.append(found[0])
+                end = found[1]
+            if len(run) < 2:
+                out.append(items[k])
+                k += 1
+                continue
+            done = 0
+            while done < len(run):
+                for size in range(min(MAX_ACCUMULATORS, len(run) - done), 0, -1):
+                    merged = self._merge_blocks(run[done:done + size]) if size > 1 else None
+                    if merged is not None or size == 1:
+                        block = run[done]
+                        out += merged or [*block.binds, _evaluate(block.load), *block.body, _evaluate(block.store)]
+                        done += size
+                        break
+            k = end
+        return _seq(out)
+
+    def _fresh_analyzer(self) -> sym.Analyzer:
+        analyzer = sym.Analyzer()
+        for var, value in self.binds:
+            analyzer.bind(var, value)
+        return analyzer
+
+    def _merge_blocks(self, blocks: list[_Block]) -> Optional[list[tvm.tirx.Stmt]]:
+        """``blocks`` as one loop over their accumulators 0..n-1, or None where their loops differ, their
+        outputs may overlap or their tiles would not fit the 8 tile registers."""
+        if not all(_disjoint(a.load, b.load, self.analyzer) for a, b in itertools.combinations(blocks, 2)):
+            return None
+        analyzer = self._fresh_analyzer()
+        tiles = _Tiles(len(blocks), analyzer, self)
+        loops = [b.loop for b in blocks]
+        if all(loop is not None for loop in loops):
+            merged = self._merge_loops(loops, tiles)
+            body = None if merged is None else [merged]
+        elif not any(loops):
+            body = _merge_statements([b.body for b in blocks], tiles)
+        else:
+            return None
+        if body is None:
+            return None
+        for var, value in tiles.bound:
+            self.binds.append((var, value))
+            self.analyzer.bind(var, value)
+        loads = [_evaluate(replace(b.load, args=(tvm.tirx.const(j, "int8"), *b.load.args[1:])))
+                 for j, b in enumerate(blocks)]
+        stores = [_evaluate(replace(b.store, args=(tvm.tirx.const(j, "int8"), *b.store.args[1:])))
+                  for j, b in enumerate(blocks)]
+        return [*(bind for b in blocks for bind in b.binds), *loads, *body, *stores]
+
+    def _merge_loops(self, loops: list[tvm.tirx.For], tiles: "_Tiles") -> Optional[tvm.tirx.For]:
+        """One loop nest running each of ``loops``' bodies in turn (block j's products into tile j)."""
+        head = loops[0]
+        if not all(isinstance(x, tvm.tirx.For) and x.kind == head.kind and _const(x.min) == _const(head.min)
+                   is not None and _const(x.extent) == _const(head.extent) is not None for x in loops):
+            return None
+        bodies = [_items(x.body) for x in loops]
+        nested = [isinstance(items[-1], tvm.tirx.For) for items in bodies]
+        if any(nested) and not all(nested):
+            return None
+        bound = [[tiles.bind(x.loop_var, head.loop_var)] if j else [] for j, x in enumerate(loops)]
+        if not any(nested):
+            body = _merge_statements([b + items for b, items in zip(bound, bodies)], tiles)
+            return None if body is None else _with_body(head, _seq(body))
+        outer = [items[:-1] for items in bodies]
+        if not all(isinstance(x, tvm.tirx.Bind) for items in outer for x in items):
+            return None
+        inner = self._merge_loops([items[-1] for items in bodies], tiles)
+        if inner is None:
+            return None
+        return _with_body(head, _seq([x for b, items in zip(bound, outer) for x in (*b, *items)] + [inner]))
+
+
+@dataclass
+class _Tiles:
+    """Tile registers of merged blocks: block j accumulates in tile j; each distinct A or B address of one
+    iteration gets the next free tile, loaded once."""
+
+    accumulators: int
+    analyzer: sym.Analyzer
+    residency: _Residency
+    loaded: list = field(default_factory=list)  # (tile, load call) of this iteration's operands
+    renames: dict = field(default_factory=dict)  # (block, its tile) -> tile
+    bound: list = field(default_factory=list)
+
+    def bind(self, var: tvm.tirx.Var, value: tvm.tirx.PrimExpr) -> tvm.tirx.Stmt:
+        self.analyzer.bind(var, value)
+        self.bound.append((var, value))
+        return tvm.tirx.Bind(var, value)
+
+    def rename(self, block: int, item: tvm.tirx.Stmt):
+        """``item`` with block ``block``'s tiles renamed; None: a load of an operand already loaded; False:
+        not a tile instruction of the single-tile intrinsic, or out of tiles."""
+        call = tile_call(item)
+        if call is None:
+            return False
+        if call.op is TileOp.DOT:
+            a, b = (self.renames.get((block, int(t))) for t in call.args[1:])
+            if a is None or b is None:
+                return False
+            return _evaluate(replace(call, args=tuple(tvm.tirx.const(t, "int8") for t in (block, a, b))))
+        for tile, earlier in self.loaded:
+            if self.residency._same_address(earlier, call, self.analyzer):
+                self.renames[block, call.tile] = tile
+                return None
+        tile = self.accumulators + len(self.loaded)
+        if tile >= TILE_REGISTERS:
+            return False
+        self.loaded.append((tile, call))
+        self.renames[block, call.tile] = tile
+        return _evaluate(replace(call, args=(tvm.tirx.const(tile, "int8"), *call.args[1:])))
+
+
+def _merge_statements(bodies: list[list[tvm.tirx.Stmt]], tiles: _Tiles) -> Optional[list[tvm.tirx.Stmt]]:
+    """Blocks' statements (Binds and tile instructions) one after the other, their tiles renamed."""
+    out: list[tvm.tirx.Stmt] = []
+    for j, items in enumerate(bodies):
+        for item in items:
+            if isinstance(item, tvm.tirx.Bind):  # bound already: the fresh analyzer has every Bind seen
+                out.append(item)
+            elif (renamed := tiles.rename(j, item)) is not False:
+                out += [renamed] if renamed is not None else []
+            else:
+                return None
+    return out
+
+
+def _items(stmt: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
+    return list(stmt.seq) if isinstance(stmt, tvm.tirx.SeqStmt) else [stmt]
+
+
+def _is(stmt: tvm.tirx.Stmt, op: TileOp) -> bool:
+    call = tile_call(stmt)
+    return call is not None and call.op is op
+
+
+def _const(expr: tvm.tirx.PrimExpr) -> Optional[int]:
+    return int(expr.value) if isinstance(expr, tvm.tirx.IntImm) else None
+
+
+def _evaluate(call: _Call) -> tvm.tirx.Stmt:
+    return tvm.tirx.Evaluate(tvm.tirx.call_llvm_intrin("void", call.op.value, *call.args))
+
+
+def _disjoint(a: _Call, b: _Call, analyzer: sym.Analyzer) -> bool:
+    """Whether the accumulator tiles (16 rows of 16 fp32) that loads ``a`` and ``b`` read cannot overlap."""
+    la, lb = a.args[1].args[0], b.args[1].args[0]
+    if not la.source.same_as(lb.source):
+        return True
+    stride = _const(analyzer.simplify(a.args[2]))
+    if stride is None or stride != _const(analyzer.simplify(b.args[2])) or len(la.indices) != 1:
+        return False
+    gap = _const(analyzer.simplify(lb.indices[0] - la.indices[0]))
+    row = stride // 4  # elements of a row of the output
+    return gap is not None and all(abs(gap - r * row) >= 16 for r in range(-15, 16))
 
 
 # ------------------------------------------------------------------------------------------ the rewrite
 def _keep(stmt: tvm.tirx.Stmt) -> tvm.tirx.Stmt:
-    """Rewrite every outermost serial loop nest that holds tile instructions (see the module docstring)."""
+    """Rewrite each outermost run of statements holding tile instructions and no parallel loop (module
+    docstring): its configuration first, then its tiles kept."""
     children = children_of(stmt)
     if not children or not _calls(stmt):
         return stmt
-    if isinstance(stmt, tvm.tirx.For) and not any(
-            isinstance(s, tvm.tirx.For) and s.kind == tvm.tirx.ForKind.PARALLEL for s in _statements(stmt)):
-        buffers, found = _config_buffers(stmt), []
-        if not buffers <= _free_vars(stmt):
-            raise _Unexpected("a tile configuration allocated inside its loops")
-        stripped = _strip_config(stmt, buffers, found)
-        if not found:
-            raise _Unexpected("tile instructions without a configuration")
-        return _seq([*found, _Residency().stmt(stripped)])
-    return rebuild(stmt, [_keep(c) for c in children])
+    serial = isinstance(stmt, tvm.tirx.For) and stmt.kind != tvm.tirx.ForKind.PARALLEL
+    items = _items(stmt) if serial or isinstance(stmt, tvm.tirx.SeqStmt) else []
+    tiled = [k for k, item in enumerate(items) if _calls(item)]
+    if not tiled or any(_parallel(item) for item in items[tiled[0]:tiled[-1] + 1]):
+        return rebuild(stmt, [_keep(c) for c in children])
+    region = _seq(items[tiled[0]:tiled[-1] + 1])
+    buffers, found = _config_buffers(region), []
+    if not buffers <= _free_vars(region):
+        raise _Unexpected("a tile configuration allocated inside its loops")
+    stripped = _strip_config(region, buffers, found)
+    if not found:
+        raise _Unexpected("tile instructions without a configuration")
+    return _seq([*items[:tiled[0]], *_every_tile(found), _Residency().stmt(stripped), *items[tiled[-1] + 1:]])
+
+
+def _parallel(stmt: tvm.tirx.Stmt) -> bool:
+    return any(isinstance(s, tvm.tirx.For) and s.kind == tvm.tirx.ForKind.PARALLEL for s in _statements(stmt))
+
+
+def _every_tile(config: list[tvm.tirx.Stmt]) -> list[tvm.tirx.Stmt]:
+    """The intrinsic's configuration (its fills, then ``ldtilecfg``) with every tile register configured as
+    16 rows of 64 bytes (the intrinsic configures its 3): merged blocks use up to 8."""
+    *fills, load = config
+    buffer = tile_call(load).args[0].args[0].source
+    u8 = lambda x: tvm.tirx.const(x, "uint8")  # noqa: E731
+    at = lambda i: [tvm.tirx.const(i, "int32")]  # noqa: E731
+    shapes = [tvm.tirx.BufferStore(buffer, u8(value), at(index)) for t in range(TILE_REGISTERS)
+              for index, value in ((16 + 2 * t, 64), (17 + 2 * t, 0), (48 + t, 16))]
+    return [*fills, *shapes, load]
 
 
 def keep_tiles(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:

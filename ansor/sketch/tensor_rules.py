@@ -167,8 +167,8 @@ def tiling_structure(intrin: BF16Intrin) -> str:
     return AMX_STRUCTURE if intrin is BF16Intrin.AMX_TILE_16x16x32 else CPU_STRUCTURE
 
 
-#: AMX's tiling: output tiles (S), a reduction block (R), the accumulator tiles it updates (S), their
-#: reduction loop (R); 8 tile registers hold one accumulator here (tensor_intrin's tiles 0-2).
+#: AMX's tiling: output tiles (S), a reduction block (R), its accumulator tiles (S, unrolled: codegen's
+#: tile rewrite runs up to 4 side by side, sharing A and B tiles), their reduction loop (R).
 AMX_STRUCTURE = "SSRSR"
 
 
@@ -211,4 +211,9 @@ def tile_around(state: State, stage_id: int, intrin: BF16Intrin, space: Optional
     inner = list(range(first_r + q * n_reduce, first_r + q * n_reduce + n_in + 1))
     s.reorder(stage_id, order + inner)
     s.tensorize(stage_id, len(order), intrin.value)
+    if structure == AMX_STRUCTURE:  # the output tiles of a reduction block, unrolled: see AMX_STRUCTURE
+        inner_space = structure.rindex("S")
+        start = sum(m if ch == "S" else q for ch in structure[:inner_space])
+        for position in range(start, start + m):
+            s.annotate(stage_id, position, "unroll")
     return s
