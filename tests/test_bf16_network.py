@@ -300,18 +300,28 @@ def test_a_bf16_benchmark_compares_with_every_runtime_at_its_default_precision()
     assert run_key("vit-b-16", "bf16") == "vit-b-16-bf16" and run_key("vit-b-16", "fp32") == "vit-b-16"
 
 
-@pytest.mark.parametrize("argv", [["tune", "--network", "tiny-cnn", "--precision", "bf16", "--n-trials", "4"],
-                                  ["export", "LOG", "--network", "tiny-cnn", "--out", "OUT"],
-                                  ["bench", "--precision", "bf16", "--models", "resnet-50", "--minutes", "1"]])
-def test_network_bf16_on_a_cpu_without_the_unit_is_one_error_line(argv, tmp_path):
+NO_UNIT_CASES = [["tune", "--network", "tiny-cnn", "--precision", "bf16", "--n-trials", "4"],
+                 ["export", "{log}", "--network", "tiny-cnn", "--out", "{out}"],
+                 ["bench", "--precision", "bf16", "--models", "resnet-50", "--minutes", "1"]]
+
+
+@pytest.fixture(scope="module")
+def no_unit_runs(run_main_per_case, tmp_path_factory):
+    """Each case through the ``ansor`` command's real main, all in one process (a CPU without the unit)."""
     if "avx512_bf16" in host_cpu().flags:
         pytest.skip("this CPU has AVX512_BF16: --precision bf16 tunes here")
-    log = tmp_path / "tiny-cnn-b1-bf16.json"  # export reads bf16 from the log's name
+    tmp = tmp_path_factory.mktemp("no-unit")
+    log = tmp / "tiny-cnn-b1-bf16.json"  # export reads bf16 from the log's name
     log.write_text("")
-    argv = [str(log) if a == "LOG" else str(tmp_path / "out") if a == "OUT" else a for a in argv]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run([sys.executable, "-m", "ansor", *argv], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=tmp_path)
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
-    assert "avx512_bf16" in errors[0] and "Traceback" not in proc.stderr
+    command = tmp / "ansor_command.py"
+    command.write_text("from ansor.cli.main import main\n")
+    cases = [[a.format(log=log, out=tmp / "out") for a in argv] for argv in NO_UNIT_CASES]
+    return run_main_per_case(command, cases, tmp)
+
+
+@pytest.mark.parametrize("case", range(len(NO_UNIT_CASES)), ids=[argv[0] for argv in NO_UNIT_CASES])
+def test_network_bf16_on_a_cpu_without_the_unit_is_one_error_line(case, no_unit_runs):
+    code, stderr = no_unit_runs[case]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1, stderr
+    assert "avx512_bf16" in errors[0] and "Traceback" not in stderr
