@@ -7,6 +7,8 @@ intrinsics' descriptions (the math TensorIR matches) are built without them and 
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import tvm
@@ -16,7 +18,10 @@ from ansor import codegen
 from ansor.host_cpu import AmxError, host_cpu, request_amx
 from ansor.measure.check import Tolerance, bf16_tolerance
 from ansor.target import parse_target
+from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.state.tensor_intrin import BF16Intrin, bf16_bits_to_f32, bf16_to_f32, register, round_to_bf16
+from ansor.task import program
+from ansor.task.search_task import SearchTask
 
 M, N, K = 32, 64, 128
 AVX512_BF16 = {"kind": "llvm", "mcpu": "znver4", "mtriple": "x86_64-linux-gnu"}
@@ -137,11 +142,28 @@ def test_amx_kernel_compiles_to_tile_instructions():
 def test_the_placeholder_rewrite_leaves_other_ir_alone():
     ir = "define void @f() {\n  ret void\n}\n"
     assert codegen.bf16_intrinsics(ir) == ir
-    call = ("  %7 = tail call <16 x float> @ansor_vdpbf16ps_512(<16 x float> %3, <32 x i16> %5, <32 x i16> %6)"
-            ", !dbg !9\ndeclare <16 x float> @ansor_vdpbf16ps_512(<16 x float>, <32 x i16>, <32 x i16>)\n")
+    call = ("  %7 = tail call <16 x i32> @llvm.x86.avx512.vpdpwssd.512(<16 x i32> %3, <32 x i16> %5, <32 x i16> %6)"
+            ", !dbg !9\n")
     out = codegen.bf16_intrinsics(call)
-    assert "@ansor_vdpbf16ps_512" not in out and out.count("bitcast <32 x i16>") == 2
-    assert "call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %3, <32 x bfloat>" in out
+    assert "call <16 x i32> @llvm.x86.avx512.vpdpwssd" not in out and out.count("bitcast <32 x i16>") == 2
+    assert "call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %ansor.bf16.1.c, <32 x bfloat>" in out
+    assert "%7 = bitcast <16 x float> %ansor.bf16.1.r to <16 x i32>" in out
+    assert "declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(" in out
+
+
+def test_a_searched_bf16_program_keeps_its_accumulators_in_registers():
+    """The placeholder is a pure LLVM intrinsic: LLVM promotes the accumulators to registers across the
+    reduction, so the kernel's vdpbf16ps neither follow a load of their accumulator nor precede its store."""
+    task = SearchTask.from_workload("bf16-matmul-512", target=tvm.target.Target(AVX512_BF16))
+    state = sample_initial_population(task, generate_sketches(task), 1, random.Random(3))[0]
+    asm = codegen.compile(program.schedule(task, state), task.target).mod.inspect_source("asm").splitlines()
+    products = [k for k, line in enumerate(asm) if "vdpbf16ps" in line]
+    assert len(products) >= 4
+    accumulator = lambda line: line.split(",")[-1].strip()  # noqa: E731  AT&T: the destination is last
+    for k in products:
+        acc = accumulator(asm[k])
+        assert not any(acc in asm[j] and ("vmovaps" in asm[j] or "vmovups" in asm[j]) for j in (k - 1, k + 1)), \
+            asm[k - 2:k + 3]
 
 
 # --------------------------------------------------------------------------------- on the unit itself

@@ -52,31 +52,35 @@ def realign_stack(ir: str) -> str:
                                 ir)
 
 
-#: The external function the AVX512_BF16 tensor intrinsic calls (:mod:`ansor.state.tensor_intrin`) and
-#: :func:`bf16_intrinsics` replaces; a call's groups: result, accumulator, A, B.
-VDPBF16PS_PLACEHOLDER = "ansor_vdpbf16ps_512"
-_VDPBF16PS_CALL = re.compile(r"(%[\w.]+) = (?:tail )?call <16 x float> @ansor_vdpbf16ps_512\("
-                             r"<16 x float> ([^,]+), <32 x i16> ([^,]+), <32 x i16> ([^,)]+)\)")
-_VDPBF16PS_DECLARE = re.compile(r"^declare <16 x float> @ansor_vdpbf16ps_512\(.*$", re.M)
+#: The LLVM intrinsic the AVX512_BF16 tensor intrinsic calls in ``vdpbf16ps``'s place (:mod:`ansor.state.tensor_intrin`)
+#: and :func:`bf16_intrinsics` replaces: ``vpdpwssd`` has its operands' shapes in integers, and LLVM
+#: knows it reads no memory, so its accumulators stay in registers (ansor's kernels use it for nothing else).
+VDPBF16PS_PLACEHOLDER = "llvm.x86.avx512.vpdpwssd.512"
+_VDPBF16PS_CALL = re.compile(r"(%[\w.]+) = (?:tail )?call <16 x i32> @llvm\.x86\.avx512\.vpdpwssd\.512\("
+                             r"<16 x i32> ([^,]+), <32 x i16> ([^,]+), <32 x i16> ([^,)]+)\)")
+_VDPBF16PS = "@llvm.x86.avx512bf16.dpbf16ps.512"
+_VDPBF16PS_DECLARE = f"declare <16 x float> {_VDPBF16PS}(<16 x float>, <32 x bfloat>, <32 x bfloat>)"
 
 
 def bf16_intrinsics(ir: str) -> str:
-    """``ir`` with each placeholder call on ``i16`` vectors made the ``vdpbf16ps`` call it stands for: TVM
+    """``ir`` with each placeholder call on integer vectors made the ``vdpbf16ps`` call it stands for: TVM
     cannot give LLVM the ``<32 x bfloat>`` operands the intrinsic takes, so they are bitcast here."""
     count = 0
 
     def call(m: re.Match) -> str:
         nonlocal count
         count += 1
-        a, b = f"%ansor.bf16.{count}.a", f"%ansor.bf16.{count}.b"
-        return (f"{a} = bitcast <32 x i16> {m.group(3)} to <32 x bfloat>\n  "
+        c, a, b, r = (f"%ansor.bf16.{count}.{x}" for x in "cabr")
+        return (f"{c} = bitcast <16 x i32> {m.group(2)} to <16 x float>\n  "
+                f"{a} = bitcast <32 x i16> {m.group(3)} to <32 x bfloat>\n  "
                 f"{b} = bitcast <32 x i16> {m.group(4)} to <32 x bfloat>\n  "
-                f"{m.group(1)} = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> {m.group(2)}, "
-                f"<32 x bfloat> {a}, <32 x bfloat> {b})")
+                f"{r} = call <16 x float> {_VDPBF16PS}(<16 x float> {c}, <32 x bfloat> {a}, <32 x bfloat> {b})\n  "
+                f"{m.group(1)} = bitcast <16 x float> {r} to <16 x i32>")
 
     ir = _VDPBF16PS_CALL.sub(call, ir)
-    return _VDPBF16PS_DECLARE.sub("declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, "
-                                  "<32 x bfloat>, <32 x bfloat>)", ir)
+    if count and _VDPBF16PS_DECLARE not in ir:
+        ir += f"\n{_VDPBF16PS_DECLARE}\n"
+    return ir
 
 
 def _realigning(build: Any) -> Any:

@@ -7,9 +7,11 @@ A bf16 operand is a ``uint16`` buffer holding the upper half of an fp32's bits (
 it; :func:`round_to_bf16` makes it from fp32 data, rounding to nearest even). TVM's own ``bfloat16`` type
 cannot reach these units: its legalization passes turn every bf16 value into fp32 (compute) or ``i16``
 (storage) before LLVM sees it, while LLVM 22's ``vdpbf16ps`` takes ``<32 x bfloat>``. So the AVX512_BF16
-implementation calls a placeholder on ``i16`` vectors that :mod:`ansor.codegen` rewrites into the real
-intrinsic (bitcasts to ``bfloat``) in the module's IR; the AMX intrinsics take tile numbers and pointers,
-which TIR passes as they are.
+implementation calls ``vpdpwssd`` in its place, the same operands in integers, which :mod:`ansor.codegen`
+rewrites into the real intrinsic (bitcasts to ``bfloat``) in the module's IR: a pure LLVM intrinsic, so
+LLVM keeps the accumulators in registers across the reduction, where an external function (the first
+placeholder) left each one stored and reloaded around every call. The AMX intrinsics take tile numbers and
+pointers, which TIR passes as they are.
 
 Layouts (the weight is packed into them at build time; the activations are read in place):
 
@@ -124,10 +126,10 @@ def _dot_16x2() -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
             T.reads(C[0:16], A[0:2], B[0:16, 0:2])
             T.writes(C[0:16])
             pair = T.reinterpret("int32", A.vload([0], "uint16x2"))  # one k pair of A, broadcast to 16 lanes
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
-                "float32x16", VDPBF16PS_PLACEHOLDER, C.vload([0], "float32x16"),
+            C[T.ramp(T.int32(0), 1, 16)] = T.reinterpret("float32x16", T.call_llvm_pure_intrin(
+                "int32x16", VDPBF16PS_PLACEHOLDER, T.reinterpret("int32x16", C.vload([0], "float32x16")),
                 T.reinterpret("int16x32", T.broadcast(pair, 16)),
-                T.reinterpret("int16x32", B.vload([0, 0], "uint16x32")))
+                T.reinterpret("int16x32", B.vload([0, 0], "uint16x32"))))
     return _dot_16x2_desc, _dot_16x2_impl
 
 
