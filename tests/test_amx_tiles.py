@@ -5,6 +5,7 @@ compiled for an explicit AMX target, and the same kernels run with the tile inst
 from __future__ import annotations
 
 import ctypes
+import logging
 import random
 import shutil
 import subprocess
@@ -135,6 +136,16 @@ def test_kernels_without_tile_instructions_are_left_alone():
     finally:
         tvm_ffi.register_global_func(codegen.LLVM_BUILD, build, override=True)
     assert keep_tiles_in(modules[0]) is modules[0]
+
+
+def test_a_rewrite_that_fails_leaves_the_kernel_as_placed(lowered, monkeypatch, caplog):
+    """A bug in the rewrite costs the kernel its kept tiles, never its build: the calls are correct alone."""
+    def broken(self, stmt):
+        raise ZeroDivisionError("injected")
+    monkeypatch.setattr(amx_tiles._Residency, "stmt", broken)
+    with caplog.at_level(logging.WARNING, logger="ansor"):
+        assert keep_tiles_in(lowered[0]) is lowered[0]
+    assert "AMX tile rewrite failed (ZeroDivisionError: injected)" in caplog.text
 
 
 @pytest.fixture(scope="module")

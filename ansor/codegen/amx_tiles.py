@@ -545,7 +545,10 @@ def keep_tiles(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
         return func.with_body(_keep(func.body))
     except _Unexpected as why:
         logger.debug("AMX kernel compiled as TensorIR placed its calls: %s", why)
-        return func
+    except Exception as err:  # a bug here must not fail the build: the calls are correct as placed
+        logger.warning("AMX tile rewrite failed (%s: %s); the kernel keeps its self-contained tile calls",
+                       type(err).__name__, err)
+    return func
 
 
 def keep_tiles_in(mod: tvm.IRModule) -> tvm.IRModule:
