@@ -27,6 +27,7 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+import threading
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Optional
@@ -99,9 +100,20 @@ def children_of(stmt: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
 
 
 def _calls(stmt: tvm.tirx.Stmt) -> list[_Call]:
-    """Every AMX instruction in ``stmt``, in program order."""
+    """Every AMX instruction in ``stmt``, in program order (memoized for the kernel being rewritten)."""
+    memo = getattr(_REWRITING, "calls", None)
+    if memo is not None and stmt in memo:
+        return memo[stmt]
     call = tile_call(stmt)
-    return [call] if call else [c for child in children_of(stmt) for c in _calls(child)]
+    found = [call] if call else [c for child in children_of(stmt) for c in _calls(child)]
+    if memo is not None:
+        memo[stmt] = found  # the key holds its node: no other node can take its handle meanwhile
+    return found
+
+
+#: Per thread, while :func:`keep_tiles` rewrites a kernel: ``calls`` and ``parallel``, what :func:`_calls`
+#: and :func:`_parallel` found by statement.
+_REWRITING = threading.local()
 
 
 def _seq(items: list[tvm.tirx.Stmt]) -> tvm.tirx.Stmt:
@@ -142,10 +154,12 @@ def _pure(expr: tvm.tirx.PrimExpr) -> bool:
 
 # ------------------------------------------------------------------------------------------ configuration
 def _config_buffer(stmt: tvm.tirx.Stmt) -> Optional[str]:
-    """The name of the buffer variable an ``ldtilecfg`` reads its configuration from."""
+    """The name of the buffer variable an ``ldtilecfg`` statement reads its configuration from."""
     call = tile_call(stmt)
-    if call is None or call.op is not TileOp.CONFIG:
-        return None
+    return None if call is None or call.op is not TileOp.CONFIG else _config_name(call)
+
+
+def _config_name(call: _Call) -> str:
     address = call.args[0]
     if not (isinstance(address, tvm.ir.Call) and address.op.name == "tirx.address_of"
             and isinstance(address.args[0], tvm.ir.TensorLoad)):
@@ -153,36 +167,45 @@ def _config_buffer(stmt: tvm.tirx.Stmt) -> Optional[str]:
     return address.args[0].source.name
 
 
-def _fills(stmt: tvm.tirx.Stmt, buffer: str, loop_vars: frozenset = frozenset()) -> bool:
-    """Whether ``stmt`` only writes constants into ``buffer`` (its bytes of the configuration)."""
+def _fills(stmt: tvm.tirx.Stmt, buffers: set[str]) -> bool:
+    """Whether ``stmt`` only writes into configuration buffers (only the intrinsic does, with constants)."""
     if isinstance(stmt, tvm.tirx.BufferStore):
-        return stmt.buffer.name == buffer and _free_vars(stmt) <= {buffer} | loop_vars
+        return stmt.buffer.name in buffers
     if isinstance(stmt, tvm.tirx.For) and stmt.kind != tvm.tirx.ForKind.PARALLEL:
-        return _fills(stmt.body, buffer, loop_vars | {stmt.loop_var.name})
+        return _fills(stmt.body, buffers)
     if isinstance(stmt, tvm.tirx.SeqStmt):
-        return all(_fills(c, buffer, loop_vars) for c in stmt.seq)
+        return all(_fills(c, buffers) for c in stmt.seq)
     return False
 
 
 def _config_buffers(stmt: tvm.tirx.Stmt) -> set[str]:
-    return {b for item in _statements(stmt) if (b := _config_buffer(item)) is not None}
+    return {_config_name(c) for c in _calls(stmt) if c.op is TileOp.CONFIG}
 
 
 def _statements(stmt: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
     return [stmt] + [s for child in children_of(stmt) for s in _statements(child)]
 
 
-def _strip_config(stmt: tvm.tirx.Stmt, buffers: set[str], found: list[tvm.tirx.Stmt]) -> tvm.tirx.Stmt:
-    """``stmt`` without the configuration's fills and loads; the first configuration met goes to ``found``
-    (its fills, then its ``ldtilecfg``)."""
+@dataclass
+class _Config:
+    """The first configuration the calls make: its fills, then its ``ldtilecfg``."""
+
+    fills: list = field(default_factory=list)
+    load: Optional[tvm.tirx.Stmt] = None
+
+
+def _strip_config(stmt: tvm.tirx.Stmt, buffers: set[str], found: _Config) -> tvm.tirx.Stmt:
+    """``stmt`` without the configuration's fills and loads; the first configuration met goes to ``found``."""
     if isinstance(stmt, tvm.tirx.SeqStmt):
         items = []
         for item in stmt.seq:
-            if _config_buffer(item) is not None or any(_fills(item, b) for b in buffers):
-                if not any(_config_buffer(f) is not None for f in found):
-                    found.append(item)
-                continue
-            items.append(_strip_config(item, buffers, found))
+            if _config_buffer(item) is not None:
+                found.load = found.load or item
+            elif _fills(item, buffers):
+                if found.load is None:
+                    found.fills.append(item)
+            else:
+                items.append(_strip_config(item, buffers, found))
         return _seq(items) if items else tvm.tirx.Evaluate(0)
     if _config_buffer(stmt) is not None:
         raise _Unexpected("an ldtilecfg alone in a loop")
@@ -370,6 +393,12 @@ class _Residency:
         outputs may overlap or their tiles would not fit the 8 tile registers."""
         if not all(_disjoint(a.load, b.load, self.analyzer) for a, b in itertools.combinations(blocks, 2)):
             return None
+        # The loads move before every body, the stores after: their addresses may not use what a body binds.
+        bound = {x.var.name for b in blocks for item in b.body for x in _statements(item)
+                 if isinstance(x, tvm.tirx.Bind)}
+        if any(_free_vars(x) & bound for b in blocks for c in (b.load, b.store)
+               for x in (*c.args[1].args[0].indices, c.args[2])):
+            return None
         analyzer = self._fresh_analyzer()
         tiles = _Tiles(len(blocks), analyzer, self)
         loops = [b.loop for b in blocks]
@@ -511,23 +540,31 @@ def _keep(stmt: tvm.tirx.Stmt) -> tvm.tirx.Stmt:
     if not tiled or any(_parallel(item) for item in items[tiled[0]:tiled[-1] + 1]):
         return rebuild(stmt, [_keep(c) for c in children])
     region = _seq(items[tiled[0]:tiled[-1] + 1])
-    buffers, found = _config_buffers(region), []
+    buffers, found = _config_buffers(region), _Config()
     if not buffers <= _free_vars(region):
         raise _Unexpected("a tile configuration allocated inside its loops")
     stripped = _strip_config(region, buffers, found)
-    if not found:
+    if found.load is None:
         raise _Unexpected("tile instructions without a configuration")
     return _seq([*items[:tiled[0]], *_every_tile(found), _Residency().stmt(stripped), *items[tiled[-1] + 1:]])
 
 
 def _parallel(stmt: tvm.tirx.Stmt) -> bool:
-    return any(isinstance(s, tvm.tirx.For) and s.kind == tvm.tirx.ForKind.PARALLEL for s in _statements(stmt))
+    """Whether ``stmt`` holds a parallel loop (memoized for the kernel being rewritten)."""
+    memo = getattr(_REWRITING, "parallel", None)
+    if memo is not None and stmt in memo:
+        return memo[stmt]
+    found = (isinstance(stmt, tvm.tirx.For) and stmt.kind == tvm.tirx.ForKind.PARALLEL
+             or any(_parallel(c) for c in children_of(stmt)))
+    if memo is not None:
+        memo[stmt] = found
+    return found
 
 
-def _every_tile(config: list[tvm.tirx.Stmt]) -> list[tvm.tirx.Stmt]:
-    """The intrinsic's configuration (its fills, then ``ldtilecfg``) with every tile register configured as
-    16 rows of 64 bytes (the intrinsic configures its 3): merged blocks use up to 8."""
-    *fills, load = config
+def _every_tile(config: _Config) -> list[tvm.tirx.Stmt]:
+    """The intrinsic's configuration with every tile register configured as 16 rows of 64 bytes (the
+    intrinsic configures its 3): merged blocks use up to 8."""
+    fills, load = config.fills, config.load
     buffer = tile_call(load).args[0].args[0].source
     u8 = lambda x: tvm.tirx.const(x, "uint8")  # noqa: E731
     at = lambda i: [tvm.tirx.const(i, "int32")]  # noqa: E731
@@ -541,6 +578,7 @@ def keep_tiles(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     reductions (the module docstring); unchanged if it has no tile instructions or they are in another shape."""
     if not any(c.op is TileOp.CONFIG for c in _calls(func.body)):
         return func
+    _REWRITING.calls, _REWRITING.parallel = {}, {}
     try:
         return func.with_body(_keep(func.body))
     except _Unexpected as why:
@@ -548,6 +586,8 @@ def keep_tiles(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     except Exception as err:  # a bug here must not fail the build: the calls are correct as placed
         logger.warning("AMX tile rewrite failed (%s: %s); the kernel keeps its self-contained tile calls",
                        type(err).__name__, err)
+    finally:
+        _REWRITING.calls = _REWRITING.parallel = None
     return func
 
 
