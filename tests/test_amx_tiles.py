@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from tvm import sym
+from tvm.tirx import analysis
 from tvm.script import relax as R
 
 from ansor import codegen
@@ -146,6 +148,61 @@ def test_a_rewrite_that_fails_leaves_the_kernel_as_placed(lowered, monkeypatch, 
     with caplog.at_level(logging.WARNING, logger="ansor"):
         assert keep_tiles_in(lowered[0]) is lowered[0]
     assert "AMX tile rewrite failed (ZeroDivisionError: injected)" in caplog.text
+
+
+def tile_op(op: TileOp, *args) -> tvm.tirx.Stmt:
+    consts = [tvm.tirx.const(a, "int8") if isinstance(a, int) else a for a in args]
+    return tvm.tirx.Evaluate(tvm.tirx.call_llvm_intrin("void", op.value, *consts))
+
+
+def load(tile: int, buffer, index, stride: int) -> tvm.tirx.Stmt:
+    return tile_op(TileOp.LOAD, tile, tvm.tirx.address_of(buffer[index]), tvm.tirx.const(stride, "int64"))
+
+
+def store(tile: int, buffer, index, stride: int) -> tvm.tirx.Stmt:
+    return tile_op(TileOp.STORE, tile, tvm.tirx.address_of(buffer[index]), tvm.tirx.const(stride, "int64"))
+
+
+def kept_in_order(items: list) -> list:
+    """What the accumulator rewrite makes of a run of unrolled blocks, as (op, tiles) in order."""
+    out = amx_tiles._Residency().stmt(tvm.tirx.SeqStmt(items))
+    return [(c.op, tuple(int(a) for a in c.args if isinstance(a, tvm.tirx.IntImm) and str(a.ty) == "int8"))
+            for c in amx_tiles._calls(out)], out
+
+
+def test_blocks_are_not_merged_where_that_would_change_the_result():
+    """Hand-written runs of the intrinsic's blocks (review cases): a merge that would read an output before it
+    is stored, name one tile twice in a product, or use a variable before its Bind is refused."""
+    C = tvm.tirx.decl_buffer((4096,), "float32", name="C")
+    A, B = (tvm.tirx.decl_buffer((16384,), "uint16", name=n) for n in ("A16", "B16"))
+    f, t, u = (tvm.tirx.Var(n, "int32") for n in "ftu")
+    dot = tile_op(TileOp.DOT, 0, 1, 2)
+
+    def block(c, a_buffer, a, b_index, binds=()):
+        return [*binds, load(0, C, c, 256), load(1, a_buffer, a, 512), load(2, B, b_index, 64), dot,
+                store(0, C, c, 256)]
+    # Two output tiles side by side sharing their A tile: merged (the case the rewrite is for).
+    ops, _ = kept_in_order(block(f * 64, A, f, f * 512) + block(f * 64 + 16, A, f, f * 512 + 32))
+    assert [o for o, _ in ops].count(TileOp.LOAD) == 5 and (TileOp.DOT, (1, 2, 4)) in ops
+    # Block 1 reads as A the tile block 0 stores: that store must come first.
+    ops, _ = kept_in_order(block(f * 0, A, f, f * 512) + block(f * 0 + 2048, C, f * 0, f * 512 + 32))
+    assert max(max(tiles, default=0) for _, tiles in ops) <= 2
+    # A product whose A and B tiles would be one (the same address): tdpbf16ps faults on that.
+    same = [load(0, C, f * 0, 256), load(1, A, f * 0, 512), load(2, A, f * 0, 512), dot, store(0, C, f * 0, 256)]
+    ops, _ = kept_in_order(same + block(f * 0 + 2048, A, f * 0, f * 512))
+    assert all(len(set(tiles)) == 3 for op, tiles in ops if op is TileOp.DOT)
+    # Block 1's leading Bind uses one of block 0's: merged, it would come before its definition.
+    first = [load(0, C, f * 64, 256), tvm.tirx.Bind(t, f * 64), load(1, A, t, 512), load(2, B, f * 512, 64), dot,
+             store(0, C, f * 64, 256)]
+    _, out = kept_in_order(first + block(u, A, t, f * 512 + 32, binds=[tvm.tirx.Bind(u, t + 16)]))
+    assert {v.name for v in analysis.undefined_vars(out, [f])} <= {"C", "A16", "B16"}
+    # Output tiles provably apart only in one buffer and in bytes: 32 bytes apart in a byte buffer overlap.
+    W = tvm.tirx.decl_buffer((65536,), "uint8", name="W")
+    at = [amx_tiles.tile_call(load(0, W, f * 0 + i, 256)) for i in (0, 32, 64)]
+    assert not amx_tiles._disjoint(at[0], at[1], sym.Analyzer()) and amx_tiles._disjoint(at[0], at[2], sym.Analyzer())
+    view = tvm.tirx.decl_buffer((64, 64), "float32", name="C", data=C.data)
+    c0, c1 = (amx_tiles.tile_call(x) for x in (load(0, C, f * 0, 256), load(0, view, (f * 0, f * 0 + 16), 256)))
+    assert not amx_tiles._disjoint(c0, c1, sym.Analyzer())  # two buffers over one memory: not provably apart
 
 
 @pytest.fixture(scope="module")

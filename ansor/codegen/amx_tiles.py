@@ -188,9 +188,8 @@ def _statements(stmt: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
 
 @dataclass
 class _Config:
-    """The first configuration the calls make: its fills, then its ``ldtilecfg``."""
+    """The first ``ldtilecfg`` the calls make (:func:`_every_tile` writes the configuration it loads)."""
 
-    fills: list = field(default_factory=list)
     load: Optional[tvm.tirx.Stmt] = None
 
 
@@ -201,10 +200,7 @@ def _strip_config(stmt: tvm.tirx.Stmt, buffers: set[str], found: _Config) -> tvm
         for item in stmt.seq:
             if _config_buffer(item) is not None:
                 found.load = found.load or item
-            elif _fills(item, buffers):
-                if found.load is None:
-                    found.fills.append(item)
-            else:
+            elif not _fills(item, buffers):
                 items.append(_strip_config(item, buffers, found))
         return _seq(items) if items else tvm.tirx.Evaluate(0)
     if _config_buffer(stmt) is not None:
@@ -283,7 +279,7 @@ class _Residency:
                     pending = None
                     continue
                 pending = None
-            elif pending is not None and not isinstance(item, tvm.tirx.Bind):
+            elif pending is not None and not (isinstance(item, tvm.tirx.Bind) and _pure(item.value)):
                 pending = None
             out.append(item)
             if call is not None and call.op is TileOp.STORE and call.tile == ACCUMULATOR:
@@ -315,8 +311,6 @@ class _Residency:
                for item in middle for c in _calls(item)):
             return loop
         buffers = {c.args[1].args[0].source.name for c in stores}
-        if any(buffers & _free_vars(item) for item in [*others, *middle]):
-            return loop  # the loop reads or writes the accumulators' memory: it must stay up to date
         moving, outside, inside = {loop.loop_var.name}, [], []
         for bind in items[:first]:
             if _free_vars(bind.value) & moving or not _pure(bind.value):
@@ -324,6 +318,8 @@ class _Residency:
                 inside.append(bind)
             else:
                 outside.append(bind)
+        if any(buffers & _free_vars(item) for item in [*inside, *others, *middle]):
+            return loop  # the loop reads or writes the accumulators' memory: it must stay up to date
         # Both ends move out of the loop: their addresses may use neither its variable nor what it binds.
         moving |= {x.var.name for x in middle if isinstance(x, tvm.tirx.Bind)}
         places = [x for c in [*by_tile.values(), *stores] for x in (*c.args[1].args[0].indices, c.args[2])]
@@ -393,11 +389,22 @@ class _Residency:
         outputs may overlap or their tiles would not fit the 8 tile registers."""
         if not all(_disjoint(a.load, b.load, self.analyzer) for a, b in itertools.combinations(blocks, 2)):
             return None
-        # The loads move before every body, the stores after: their addresses may not use what a body binds.
+        # The loads and every block's leading Binds move before every body, the stores after: none may use
+        # what a body binds. The bodies run before earlier blocks' stores: they may not read the outputs.
+        binds = [x for b in blocks for item in [*b.binds, *b.body] for x in _statements(item)
+                 if isinstance(x, tvm.tirx.Bind)]
         bound = {x.var.name for b in blocks for item in b.body for x in _statements(item)
                  if isinstance(x, tvm.tirx.Bind)}
         if any(_free_vars(x) & bound for b in blocks for c in (b.load, b.store)
                for x in (*c.args[1].args[0].indices, c.args[2])):
+            return None
+        if any(_free_vars(x.value) & bound for b in blocks for x in b.binds) \
+                or not all(_pure(x.value) for x in binds):
+            return None
+        outputs = [b.load.args[1].args[0].source for b in blocks]
+        operands = [c.args[1].args[0].source for b in blocks for item in b.body for c in _calls(item)
+                    if c.op is TileOp.LOAD]
+        if any(o.same_as(out) or o.name == out.name for o in operands for out in outputs):
             return None
         analyzer = self._fresh_analyzer()
         tiles = _Tiles(len(blocks), analyzer, self)
@@ -423,14 +430,16 @@ class _Residency:
     def _merge_loops(self, loops: list[tvm.tirx.For], tiles: "_Tiles") -> Optional[tvm.tirx.For]:
         """One loop nest running each of ``loops``' bodies in turn (block j's products into tile j)."""
         head = loops[0]
-        if not all(isinstance(x, tvm.tirx.For) and x.kind == head.kind and _const(x.min) == _const(head.min)
-                   is not None and _const(x.extent) == _const(head.extent) is not None for x in loops):
+        if not all(isinstance(x, tvm.tirx.For) and x.kind == head.kind and x.step is None
+                   and _const(x.min) == _const(head.min) is not None
+                   and _const(x.extent) == _const(head.extent) is not None for x in loops):
             return None
         bodies = [_items(x.body) for x in loops]
         nested = [isinstance(items[-1], tvm.tirx.For) for items in bodies]
         if any(nested) and not all(nested):
             return None
-        bound = [[tiles.bind(x.loop_var, head.loop_var)] if j else [] for j, x in enumerate(loops)]
+        bound = [[tiles.bind(x.loop_var, head.loop_var)] if j and not x.loop_var.same_as(head.loop_var) else []
+                 for j, x in enumerate(loops)]
         if not any(nested):
             body = _merge_statements([b + items for b, items in zip(bound, bodies)], tiles)
             return None if body is None else _with_body(head, _seq(body))
@@ -468,7 +477,7 @@ class _Tiles:
             return False
         if call.op is TileOp.DOT:
             a, b = (self.renames.get((block, int(t))) for t in call.args[1:])
-            if a is None or b is None:
+            if a is None or b is None or a == b:  # tdpbf16ps faults on a tile named twice
                 return False
             return _evaluate(replace(call, args=tuple(tvm.tirx.const(t, "int8") for t in (block, a, b))))
         for tile, earlier in self.loaded:
@@ -515,16 +524,19 @@ def _evaluate(call: _Call) -> tvm.tirx.Stmt:
 
 
 def _disjoint(a: _Call, b: _Call, analyzer: sym.Analyzer) -> bool:
-    """Whether the accumulator tiles (16 rows of 16 fp32) that loads ``a`` and ``b`` read cannot overlap."""
+    """Whether the tiles (16 rows of 64 bytes) that loads ``a`` and ``b`` read provably do not overlap: the same
+    buffer (two buffers may view one memory), the same constant row stride, offsets a constant apart."""
     la, lb = a.args[1].args[0], b.args[1].args[0]
-    if not la.source.same_as(lb.source):
-        return True
-    stride = _const(analyzer.simplify(a.args[2]))
-    if stride is None or stride != _const(analyzer.simplify(b.args[2])) or len(la.indices) != 1:
+    if not la.source.same_as(lb.source) or len(la.indices) != 1 or len(lb.indices) != 1:
+        return False
+    stride = _const(analyzer.simplify(a.args[2]))  # bytes
+    if stride is None or stride != _const(analyzer.simplify(b.args[2])):
         return False
     gap = _const(analyzer.simplify(lb.indices[0] - la.indices[0]))
-    row = stride // 4  # elements of a row of the output
-    return gap is not None and all(abs(gap - r * row) >= 16 for r in range(-15, 16))
+    if gap is None:
+        return False
+    gap *= tvm.runtime.DataType(str(la.source.dtype)).bits // 8  # bytes
+    return all(abs(gap - r * stride) >= 64 for r in range(-15, 16))
 
 
 # ------------------------------------------------------------------------------------------ the rewrite
@@ -562,15 +574,12 @@ def _parallel(stmt: tvm.tirx.Stmt) -> bool:
 
 
 def _every_tile(config: _Config) -> list[tvm.tirx.Stmt]:
-    """The intrinsic's configuration with every tile register configured as 16 rows of 64 bytes (the
-    intrinsic configures its 3): merged blocks use up to 8."""
-    fills, load = config.fills, config.load
-    buffer = tile_call(load).args[0].args[0].source
-    u8 = lambda x: tvm.tirx.const(x, "uint8")  # noqa: E731
-    at = lambda i: [tvm.tirx.const(i, "int32")]  # noqa: E731
-    shapes = [tvm.tirx.BufferStore(buffer, u8(value), at(index)) for t in range(TILE_REGISTERS)
-              for index, value in ((16 + 2 * t, 64), (17 + 2 * t, 0), (48 + t, 16))]
-    return [*fills, *shapes, load]
+    """A configuration of all 64 bytes, before the intrinsic's ``ldtilecfg``: palette 1, every tile register
+    16 rows of 64 bytes (the intrinsic configures its 3; merged blocks use up to 8), the rest zero."""
+    buffer = tile_call(config.load).args[0].args[0].source
+    shape = {0: 1, **{16 + 2 * t: 64 for t in range(TILE_REGISTERS)}, **{48 + t: 16 for t in range(TILE_REGISTERS)}}
+    return [*(tvm.tirx.BufferStore(buffer, tvm.tirx.const(shape.get(i, 0), "uint8"), [tvm.tirx.const(i, "int32")])
+              for i in range(64)), config.load]
 
 
 def keep_tiles(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
