@@ -34,12 +34,15 @@ int ansor_emu_tilestored64(int8_t t, char* p, int64_t stride) {
 }
 int ansor_emu_tdpbf16ps(int8_t c, int8_t a, int8_t b) {
   if (!ready(c, a, b)) return 0;
-  float* C = (float*)tiles[c]; const uint16_t* A = (const uint16_t*)tiles[a]; const uint16_t* B = (const uint16_t*)tiles[b];
+  float* C = (float*)tiles[c];
+  const uint16_t* A = (const uint16_t*)tiles[a];
+  const uint16_t* B = (const uint16_t*)tiles[b];
   for (int i = 0; i < 16; ++i)
     for (int j = 0; j < 16; ++j) {
       float s = C[i * 16 + j];
       for (int k = 0; k < 16; ++k)
-        s += bf16(A[i * 32 + 2 * k]) * bf16(B[k * 32 + 2 * j]) + bf16(A[i * 32 + 2 * k + 1]) * bf16(B[k * 32 + 2 * j + 1]);
+        s += bf16(A[i * 32 + 2 * k]) * bf16(B[k * 32 + 2 * j])
+             + bf16(A[i * 32 + 2 * k + 1]) * bf16(B[k * 32 + 2 * j + 1]);
       C[i * 16 + j] = s;
     }
   count(2); return 0;

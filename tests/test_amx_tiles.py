@@ -4,6 +4,7 @@ compiled for an explicit AMX target, and the same kernels run with the tile inst
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import random
@@ -49,20 +50,29 @@ def task():
 LOWERED = "lowered: the test has the module"
 
 
-def lowered_kernels(task: SearchTask, states) -> list[tvm.IRModule]:
-    """The lowered kernels TVM hands LLVM (before the rewrite) for ``states``; the first compiled to tile
-    code (the rest stop at LLVM: its code generation is most of a build)."""
+@contextlib.contextmanager
+def captured(compiled: int = 1):
+    """The lowered modules TVM hands LLVM (before the rewrite) within the block: LLVM compiles the first
+    ``compiled``, the others stop there (its code generation is most of a build)."""
     modules = []
     codegen.install()
     build = tvm.get_global_func(codegen.LLVM_BUILD)
 
     def grab(mod, target):
         modules.append(mod)
-        if len(modules) > 1:
+        if len(modules) > compiled:
             raise RuntimeError(LOWERED)
         return build(mod, target)
     tvm_ffi.register_global_func(codegen.LLVM_BUILD, grab, override=True)
     try:
+        yield modules
+    finally:
+        tvm_ffi.register_global_func(codegen.LLVM_BUILD, build, override=True)
+
+
+def lowered_kernels(task: SearchTask, states) -> list[tvm.IRModule]:
+    """The lowered kernels of ``states``; the first compiled to tile code."""
+    with captured() as modules:
         for state in states:
             try:
                 asm = codegen.compile(program.schedule(task, state), task.target).mod.inspect_source("asm")
@@ -70,8 +80,6 @@ def lowered_kernels(task: SearchTask, states) -> list[tvm.IRModule]:
             except RuntimeError as err:  # TVM passes on what the hook raised
                 if LOWERED not in str(err):
                     raise
-    finally:
-        tvm_ffi.register_global_func(codegen.LLVM_BUILD, build, override=True)
     assert len(modules) == len(states)
     return modules
 
@@ -129,14 +137,8 @@ def test_the_configuration_is_loaded_once_a_thread_and_accumulators_stay_in_thei
 
 def test_kernels_without_tile_instructions_are_left_alone():
     task = SearchTask.from_workload("matmul-64", target=tvm.target.Target({**AMX, "mcpu": "skylake-avx512"}))
-    modules = []
-    build = tvm.get_global_func(codegen.LLVM_BUILD)
-    tvm_ffi.register_global_func(codegen.LLVM_BUILD, lambda mod, target: (modules.append(mod), build(mod, target))[1],
-                                 override=True)
-    try:
+    with captured() as modules:
         codegen.compile(program.schedule(task, None), task.target)
-    finally:
-        tvm_ffi.register_global_func(codegen.LLVM_BUILD, build, override=True)
     assert keep_tiles_in(modules[0]) is modules[0]
 
 

@@ -56,7 +56,7 @@ def realign_stack(ir: str) -> str:
 #: and :func:`bf16_intrinsics` replaces: ``vpdpwssd`` has its operands' shapes in integers, and LLVM
 #: knows it reads no memory, so its accumulators stay in registers (ansor's kernels use it for nothing else).
 VDPBF16PS_PLACEHOLDER = "llvm.x86.avx512.vpdpwssd.512"
-_VDPBF16PS_CALL = re.compile(r"(%[\w.]+) = (?:tail )?call <16 x i32> @llvm\.x86\.avx512\.vpdpwssd\.512\("
+_VDPBF16PS_CALL = re.compile(rf"(%[\w.]+) = (?:tail )?call <16 x i32> @{re.escape(VDPBF16PS_PLACEHOLDER)}\("
                              r"<16 x i32> ([^,]+), <32 x i16> ([^,]+), <32 x i16> ([^,)]+)\)")
 _VDPBF16PS = "@llvm.x86.avx512bf16.dpbf16ps.512"
 _VDPBF16PS_DECLARE = f"declare <16 x float> {_VDPBF16PS}(<16 x float>, <32 x bfloat>, <32 x bfloat>)"

@@ -186,20 +186,13 @@ def _statements(stmt: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
     return [stmt] + [s for child in children_of(stmt) for s in _statements(child)]
 
 
-@dataclass
-class _Config:
-    """The first ``ldtilecfg`` the calls make (:func:`_every_tile` writes the configuration it loads)."""
-
-    load: Optional[tvm.tirx.Stmt] = None
-
-
-def _strip_config(stmt: tvm.tirx.Stmt, buffers: set[str], found: _Config) -> tvm.tirx.Stmt:
-    """``stmt`` without the configuration's fills and loads; the first configuration met goes to ``found``."""
+def _strip_config(stmt: tvm.tirx.Stmt, buffers: set[str], found: list[tvm.tirx.Stmt]) -> tvm.tirx.Stmt:
+    """``stmt`` without the configuration's fills and loads; each ``ldtilecfg`` goes to ``found``."""
     if isinstance(stmt, tvm.tirx.SeqStmt):
         items = []
         for item in stmt.seq:
             if _config_buffer(item) is not None:
-                found.load = found.load or item
+                found.append(item)
             elif not _fills(item, buffers):
                 items.append(_strip_config(item, buffers, found))
         return _seq(items) if items else tvm.tirx.Evaluate(0)
@@ -391,15 +384,13 @@ class _Residency:
             return None
         # The loads and every block's leading Binds move before every body, the stores after: none may use
         # what a body binds. The bodies run before earlier blocks' stores: they may not read the outputs.
-        binds = [x for b in blocks for item in [*b.binds, *b.body] for x in _statements(item)
-                 if isinstance(x, tvm.tirx.Bind)]
-        bound = {x.var.name for b in blocks for item in b.body for x in _statements(item)
-                 if isinstance(x, tvm.tirx.Bind)}
+        inner = [x for b in blocks for item in b.body for x in _statements(item) if isinstance(x, tvm.tirx.Bind)]
+        bound = {x.var.name for x in inner}
         if any(_free_vars(x) & bound for b in blocks for c in (b.load, b.store)
                for x in (*c.args[1].args[0].indices, c.args[2])):
             return None
-        if any(_free_vars(x.value) & bound for b in blocks for x in b.binds) \
-                or not all(_pure(x.value) for x in binds):
+        leading = [x for b in blocks for x in b.binds]
+        if any(_free_vars(x.value) & bound for x in leading) or not all(_pure(x.value) for x in leading + inner):
             return None
         outputs = [b.load.args[1].args[0].source for b in blocks]
         operands = [c.args[1].args[0].source for b in blocks for item in b.body for c in _calls(item)
@@ -552,13 +543,13 @@ def _keep(stmt: tvm.tirx.Stmt) -> tvm.tirx.Stmt:
     if not tiled or any(_parallel(item) for item in items[tiled[0]:tiled[-1] + 1]):
         return rebuild(stmt, [_keep(c) for c in children])
     region = _seq(items[tiled[0]:tiled[-1] + 1])
-    buffers, found = _config_buffers(region), _Config()
+    buffers, found = _config_buffers(region), []
     if not buffers <= _free_vars(region):
         raise _Unexpected("a tile configuration allocated inside its loops")
     stripped = _strip_config(region, buffers, found)
-    if found.load is None:
+    if not found:
         raise _Unexpected("tile instructions without a configuration")
-    return _seq([*items[:tiled[0]], *_every_tile(found), _Residency().stmt(stripped), *items[tiled[-1] + 1:]])
+    return _seq([*items[:tiled[0]], *_every_tile(found[0]), _Residency().stmt(stripped), *items[tiled[-1] + 1:]])
 
 
 def _parallel(stmt: tvm.tirx.Stmt) -> bool:
@@ -573,23 +564,22 @@ def _parallel(stmt: tvm.tirx.Stmt) -> bool:
     return found
 
 
-def _every_tile(config: _Config) -> list[tvm.tirx.Stmt]:
-    """A configuration of all 64 bytes, before the intrinsic's ``ldtilecfg``: palette 1, every tile register
-    16 rows of 64 bytes (the intrinsic configures its 3; merged blocks use up to 8), the rest zero."""
-    buffer = tile_call(config.load).args[0].args[0].source
+def _every_tile(load: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
+    """A configuration of all 64 bytes, then the intrinsic's ``ldtilecfg`` ``load``: palette 1, every tile
+    register 16 rows of 64 bytes (the intrinsic configures its 3; merged blocks use up to 8), the rest zero."""
+    buffer = tile_call(load).args[0].args[0].source
     shape = {0: 1, **{16 + 2 * t: 64 for t in range(TILE_REGISTERS)}, **{48 + t: 16 for t in range(TILE_REGISTERS)}}
     return [*(tvm.tirx.BufferStore(buffer, tvm.tirx.const(shape.get(i, 0), "uint8"), [tvm.tirx.const(i, "int32")])
-              for i in range(64)), config.load]
+              for i in range(64)), load]
 
 
 def keep_tiles(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """``func`` with its AMX tile configuration loaded once per thread and its accumulator tiles kept across
     reductions (the module docstring); unchanged if it has no tile instructions or they are in another shape."""
-    if not any(c.op is TileOp.CONFIG for c in _calls(func.body)):
-        return func
     _REWRITING.calls, _REWRITING.parallel = {}, {}
     try:
-        return func.with_body(_keep(func.body))
+        if any(c.op is TileOp.CONFIG for c in _calls(func.body)):
+            return func.with_body(_keep(func.body))
     except _Unexpected as why:
         logger.debug("AMX kernel compiled as TensorIR placed its calls: %s", why)
     except Exception as err:  # a bug here must not fail the build: the calls are correct as placed

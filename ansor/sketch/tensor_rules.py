@@ -151,12 +151,19 @@ def fusion_points(state: State, stage_id: int, intrin: BF16Intrin) -> tuple[int,
     """Where :func:`tile_around`'s tiling of the product can take its element-wise consumer: the last loop of
     the first and of the second spatial level (Ansor's fusion under tile level 1 or 2)."""
     m, q = product_loops(state, stage_id, intrin) or (0, 0)
-    ends, end = [], -1
-    for ch in tiling_structure(intrin):
-        end += m if ch == "S" else q
+    return tuple(level[-1] for level in _spatial_levels(tiling_structure(intrin), m, q)[:2])
+
+
+def _spatial_levels(structure: str, m: int, q: int) -> list[range]:
+    """The loop positions of each spatial level of ``structure`` once tiled: ``m`` loops a spatial level,
+    ``q`` a reduction one."""
+    levels, start = [], 0
+    for ch in structure:
+        width = m if ch == "S" else q
         if ch == "S":
-            ends.append(end)
-    return tuple(ends[:2])
+            levels.append(range(start, start + width))
+        start += width
+    return levels
 
 
 def tiling_structure(intrin: BF16Intrin) -> str:
@@ -212,8 +219,6 @@ def tile_around(state: State, stage_id: int, intrin: BF16Intrin, space: Optional
     s.reorder(stage_id, order + inner)
     s.tensorize(stage_id, len(order), intrin.value)
     if structure == AMX_STRUCTURE:  # the output tiles of a reduction block, unrolled: see AMX_STRUCTURE
-        inner_space = structure.rindex("S")
-        start = sum(m if ch == "S" else q for ch in structure[:inner_space])
-        for position in range(start, start + m):
+        for position in _spatial_levels(structure, m, q)[-1]:
             s.annotate(stage_id, position, "unroll")
     return s
