@@ -176,6 +176,32 @@ def test_a_strided_padded_convolution_computes_bf16_inputs():
     assert np.abs(got - want).max() <= 36 * 2.0 ** -23 * np.abs(want).max()
 
 
+@tvm.script.ir_module
+class Downsample:  # ResNet's projection shortcut: a 1x1 convolution of stride 2
+    @R.function
+    def main(x: R.Tensor((1, 28, 28, 32), "float32"), w: R.Tensor((1, 1, 32, 64), "float32")):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, strides=2, data_layout="NHWC", kernel_layout="HWIO")
+            R.output(y)
+        return y
+
+
+def test_a_strided_1x1_convolution_rounds_only_the_pixels_it_reads_into_amx_rows():
+    """Its A16 holds the pixels it reads, gathered (14 x 14, not 28 x 28), so that a row of outputs is one
+    box of A16: on AMX its programs take tiles of 14 rows; its values are the bf16 product's."""
+    params = params_of(Downsample)
+    ex, exe = default_build(Downsample, params, PORTABLE)
+    [task] = [t.task for t in ex.tasks]
+    a16 = str(task.compute_dag).splitlines()[0]
+    assert a16.startswith("A16[") and "x[0, 2*v0, 2*v1, v2]" in a16 and "iters[v0:S14, v1:S14, v2:S32]" in a16
+    x = np.random.default_rng(4).uniform(-1, 1, (1, 28, 28, 32)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    want = bf16(x)[:, ::2, ::2, :] @ bf16(params["w"][0, 0])
+    assert np.abs(got - want).max() <= 32 * 2.0 ** -23 * np.abs(want).max()
+    [amx] = [t.task for t in extract(as_network(Downsample, params), AMX, precision=BF16).tasks]
+    assert intrinsics_of(generate_sketches(amx)[0]) == [BF16Intrin.AMX_TILE_14x16x32.value]
+
+
 def test_a_network_keeps_fp32_where_the_unit_does_not_fit_and_stays_near_fp32():
     params = params_of(Small)
     ex, exe = default_build(Small, params, PORTABLE)
@@ -235,12 +261,16 @@ def test_amx_programs_compute_the_bf16_convolution_where_the_cpu_has_amx():
         pytest.skip(f"this CPU ({host_cpu().model}) has no AMX: AMX programs are compile-checked only")
     allow_amx()
     [wide, _] = sorted(amx_tasks(), key=lambda t: -t.flop_ct)
-    states = sample_initial_population(wide, generate_sketches(wide), 8, random.Random(0))
-    arrays = program.random_inputs(wide)
-    want = program.run_program(program.build_program(wide, None), arrays)
-    for state in [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_16x16x32.value]][:3]:
-        got = program.run_program(program.build_program(wide, state), arrays)
-        assert np.abs(got[-1] - want[-1]).max() <= 288 * 2.0 ** -23 * np.abs(want[-1]).max()  # 3 x 3 x 32 terms
+    [narrow] = [t.task for t in extract(as_network(Downsample, params_of(Downsample)), AMX, precision=BF16).tasks]
+    for task, intrin in [(wide, BF16Intrin.AMX_TILE_16x16x32), (narrow, BF16Intrin.AMX_TILE_14x16x32)]:
+        states = sample_initial_population(task, generate_sketches(task), 8, random.Random(0))
+        arrays = program.random_inputs(task)
+        want = program.run_program(program.build_program(task, None), arrays)
+        amx = [s for s in states if intrinsics_of(s) == [intrin.value]][:3]
+        assert amx, f"no {intrin.value} program sampled"
+        for state in amx:
+            got = program.run_program(program.build_program(task, state), arrays)
+            assert np.abs(got[-1] - want[-1]).max() <= 288 * 2.0 ** -23 * np.abs(want[-1]).max()  # <= 288 terms
 
 
 def test_an_export_for_an_amx_target_asks_linux_for_the_tiles_first(tmp_path):

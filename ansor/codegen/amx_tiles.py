@@ -2,16 +2,16 @@
 registers across the reduction, up to four of them side by side. A rewrite of the TIR that TVM hands LLVM
 (:mod:`ansor.codegen` runs it for targets with AMX).
 
-The tile product intrinsic (``tile_16x16x32`` of :mod:`ansor.state.tensor_intrin`) is one self-contained
-call: it fills a 64-byte tile configuration and loads it (``ldtilecfg``), loads the accumulator tile C
-(tile 0), A (1) and B (2), multiplies (``tdpbf16ps``) and stores C back. That is correct wherever TensorIR
+The tile product intrinsic (``tile_16x16x32`` of :mod:`ansor.state.tensor_intrin`, or one of fewer rows) is
+one self-contained call: it fills a 64-byte tile configuration and loads it (``ldtilecfg``), loads the
+accumulator tile C (tile 0), A (1 or 4) and B (2 or 6), multiplies (``tdpbf16ps``) and stores C back. That is correct wherever TensorIR
 places the call, but each 16x16x32 product (16 K flops) then moves the configuration and C's 1 KB through
 memory twice, and TensorIR has no way to say that a value lives in a tile register between two calls. So,
 on the lowered kernel:
 
-- the configuration, of all 8 tiles, is loaded once before the outermost run of statements holding tile
-  instructions (in a parallel loop, inside its body: a tile configuration belongs to a thread), and every
-  copy the calls made is dropped;
+- the configuration, of all 8 tiles (their rows those of the intrinsic's tiles: :data:`TILE_REGISTERS`), is
+  loaded once before the outermost run of statements holding tile instructions (in a parallel loop,
+  inside its body: a tile configuration belongs to a thread), and every copy the calls made is dropped;
 - a loop whose body loads its accumulator tiles first and stores them last, at addresses the loop does not
   move (a reduction loop directly around the call), loads them before the loop and stores them after;
 - in unrolled calls, a store of the accumulator followed by a load of it from the same address is dropped;
@@ -39,10 +39,15 @@ from tvm.tirx import analysis
 logger = logging.getLogger("ansor")
 
 _LLVM_INTRIN = "tirx.call_llvm_intrin"
-#: The tile the intrinsic accumulates in (tiles 1 and 2 hold A and B).
+#: The tile the intrinsic accumulates in (A and B: tiles 1 and 2, or 4 and 6 for fewer than 16 rows).
 ACCUMULATOR = 0
-#: AMX's tile registers, each configured here as 16 rows of 64 bytes.
+#: AMX's tile registers, each configured here as rows of 64 bytes: 16 rows, or for a tile product of M
+#: rows, M rows but for the last two (B's 16 k pairs).
 TILE_REGISTERS = 8
+#: A and B tiles of a product of fewer than 16 rows (``tensor_intrin.AMX_SHAPED_TILES``), merged: each takes
+#: a register of its own shape.
+_SHAPED_POOLS = {4: (4, 5), 6: (6, 7)}
+_DOT_TILES = ((0, 1, 2), (0, 4, 6))  # the intrinsics' (C, A, B)
 #: Accumulators updated side by side in one reduction loop: oneDNN's AMX kernel keeps 4 (2 x 2 output
 #: tiles), so that each A and B tile loaded serves two products; the other 4 registers hold them.
 MAX_ACCUMULATORS = 4
@@ -340,7 +345,7 @@ class _Residency:
         if not calls or not (looped or all(isinstance(x, tvm.tirx.Bind) or tile_call(x) for x in body)):
             return None
         if any(c.op in (TileOp.CONFIG, TileOp.STORE) or c.tile == ACCUMULATOR
-               or c.op is TileOp.DOT and [int(x) for x in c.args] != [0, 1, 2] for c in calls):
+               or c.op is TileOp.DOT and tuple(int(x) for x in c.args) not in _DOT_TILES for c in calls):
             return None
         return _Block(items[start:k], load, body, store), end + 1
 
@@ -475,7 +480,11 @@ class _Tiles:
             if self.residency._same_address(earlier, call, self.analyzer):
                 self.renames[block, call.tile] = tile
                 return None
-        tile = self.accumulators + len(self.loaded)
+        pool = _SHAPED_POOLS.get(call.tile)
+        if pool is None:
+            tile = self.accumulators + len(self.loaded)
+        else:
+            tile = next((t for t in pool if t not in {t for t, _ in self.loaded}), TILE_REGISTERS)
         if tile >= TILE_REGISTERS:
             return False
         self.loaded.append((tile, call))
@@ -515,7 +524,7 @@ def _evaluate(call: _Call) -> tvm.tirx.Stmt:
 
 
 def _disjoint(a: _Call, b: _Call, analyzer: sym.Analyzer) -> bool:
-    """Whether the tiles (16 rows of 64 bytes) that loads ``a`` and ``b`` read provably do not overlap: the same
+    """Whether the tiles (up to 16 rows of 64 bytes) that loads ``a`` and ``b`` read provably do not overlap: the same
     buffer (two buffers may view one memory), the same constant row stride, offsets a constant apart."""
     la, lb = a.args[1].args[0], b.args[1].args[0]
     if not la.source.same_as(lb.source) or len(la.indices) != 1 or len(lb.indices) != 1:
@@ -546,10 +555,12 @@ def _keep(stmt: tvm.tirx.Stmt) -> tvm.tirx.Stmt:
     buffers, found = _config_buffers(region), []
     if not buffers <= _free_vars(region):
         raise _Unexpected("a tile configuration allocated inside its loops")
+    rows = _configured_rows(region, buffers)
     stripped = _strip_config(region, buffers, found)
     if not found:
         raise _Unexpected("tile instructions without a configuration")
-    return _seq([*items[:tiled[0]], *_every_tile(found[0]), _Residency().stmt(stripped), *items[tiled[-1] + 1:]])
+    return _seq([*items[:tiled[0]], *_every_tile(found[0], rows), _Residency().stmt(stripped),
+                 *items[tiled[-1] + 1:]])
 
 
 def _parallel(stmt: tvm.tirx.Stmt) -> bool:
@@ -564,11 +575,25 @@ def _parallel(stmt: tvm.tirx.Stmt) -> bool:
     return found
 
 
-def _every_tile(load: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
+def _configured_rows(region: tvm.tirx.Stmt, buffers: set[str]) -> int:
+    """The rows the intrinsic's calls in ``region`` configure their accumulator tile with (one number; the
+    zeros are the configuration's clearing, which lowering may unroll)."""
+    rows = {int(x.value.value) for x in _statements(region)
+            if isinstance(x, tvm.tirx.BufferStore) and x.buffer.name in buffers and len(x.indices) == 1
+            and _const(x.indices[0]) == 48 + ACCUMULATOR and isinstance(x.value, tvm.tirx.IntImm)} - {0}
+    if len(rows) != 1 or max(rows) > 16:
+        raise _Unexpected(f"tile products configured with rows {sorted(rows)}")
+    return rows.pop()
+
+
+def _every_tile(load: tvm.tirx.Stmt, rows: int) -> list[tvm.tirx.Stmt]:
     """A configuration of all 64 bytes, then the intrinsic's ``ldtilecfg`` ``load``: palette 1, every tile
-    register 16 rows of 64 bytes (the intrinsic configures its 3; merged blocks use up to 8), the rest zero."""
+    register ``rows`` rows of 64 bytes but the last two, 16 rows (the intrinsic configures its 3; merged
+    blocks use up to 8; for 16 rows, all 16), the rest zero."""
     buffer = tile_call(load).args[0].args[0].source
-    shape = {0: 1, **{16 + 2 * t: 64 for t in range(TILE_REGISTERS)}, **{48 + t: 16 for t in range(TILE_REGISTERS)}}
+    heights = [rows] * (TILE_REGISTERS - 2) + [16, 16]
+    shape = {0: 1, **{16 + 2 * t: 64 for t in range(TILE_REGISTERS)},
+             **{48 + t: heights[t] for t in range(TILE_REGISTERS)}}
     return [*(tvm.tirx.BufferStore(buffer, tvm.tirx.const(shape.get(i, 0), "uint8"), [tvm.tirx.const(i, "int32")])
               for i in range(64)), load]
 

@@ -141,6 +141,8 @@ def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], str
     kh, kw = taps
     top, left, bottom, right = padding
     padded = (n, h + top + bottom, w + left + right, ci)
+    if (kh, kw) == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
+        return _subsampled_product(data, packed, strides)
 
     def rounded(b, y, x, c):
         if not any(padding):
@@ -160,6 +162,21 @@ def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], str
         bf16_to_f32(a16[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], rc])
         * bf16_to_f32(packed[o // BF16_LANES, ry, rx, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
         axis=axes), name="conv_bf16")
+
+
+def _subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) -> te.Tensor:
+    """A strided 1x1 convolution as a product over the pixels it reads, gathered as they are rounded
+    (``A16``): a row of outputs is then a box of ``A16``, as an AMX tile loads it, where in ``data`` it is
+    every second pixel (a stride-2 tile's rows, which TensorIR cannot match to a box)."""
+    n, h, w, ci = (int(d) for d in data.shape)
+    sy, sx = strides
+    shape = (n, (h - 1) // sy + 1, (w - 1) // sx + 1, ci)
+    a16 = te.compute(shape, lambda b, y, x, c: bf16_bits(data[b, y * sy, x * sx, c]), name="A16")
+    rc = te.reduce_axis((0, ci), name="rc")
+    return te.compute((*shape[:3], packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
+        bf16_to_f32(a16[b, y, x, rc])
+        * bf16_to_f32(packed[o // BF16_LANES, 0, 0, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
+        axis=rc), name="conv_bf16")
 
 
 def _dense_product(data: te.Tensor, packed: te.Tensor) -> te.Tensor:

@@ -6,7 +6,8 @@ convolutions and dense layers, :mod:`ansor.networks.bf16`). Its spatial loops co
 channels last of them, then its reductions, the pairs' last. Its sketch is Ansor's CPU tiling (``SSRSRS``)
 of every loop but 16 columns and a k pair, which stay innermost and become one intrinsic call (a ``TZ``
 step); on a target with AMX a second sketch leaves 16 rows, 16 columns and 32 reduction channels innermost
-for one ``tdpbf16ps`` tile product (where the rows are one dense box of the activation). Each also comes with
+for one ``tdpbf16ps`` tile product (where the rows are one dense box of the activation; fewer than 16 rows
+where 16 do not divide them: a 56-pixel row in tiles of 14). Each also comes with
 its element-wise epilogue under its first or second spatial tile level, as Ansor fuses it. Random annotation
 fills the tile sizes, parallel loops, unrolling and compute locations as for any sketch. The operands'
 conversions are not inlined: the intrinsic reads them from memory, in the layout their stages write.
@@ -25,7 +26,7 @@ from ..errors import TargetError
 from ..host_cpu import allow_amx, host_cpu
 from ..state.access import IterKind
 from ..state.loop_state import State
-from ..state.tensor_intrin import BF16Intrin
+from ..state.tensor_intrin import AMX_ROWS, BF16Intrin
 from ..target import has_x86_feature, target_label
 from ..task.search_task import SearchTask
 from .rules import CPU_STRUCTURE, Cond, SketchRule, needs_multi_level_tiling, single_elementwise_consumer
@@ -61,9 +62,10 @@ def has_amx(target: tvm.target.Target) -> bool:
 
 
 def intrinsics(target: tvm.target.Target) -> list[BF16Intrin]:
-    """The intrinsics a bf16 product's sketches are built around on ``target``: AMX's tile product where
-    the target has AMX (first), and the dot product (:func:`dot_intrinsic`) always."""
-    return [BF16Intrin.AMX_TILE_16x16x32] * has_amx(target) + [dot_intrinsic(target)]
+    """The intrinsics a bf16 product's sketches may be built around on ``target``: AMX's tile products
+    where the target has AMX (first, most rows first: :data:`~ansor.state.tensor_intrin.AMX_ROWS`), and
+    the dot product (:func:`dot_intrinsic`) always."""
+    return [BF16Intrin[f"AMX_TILE_{m}x16x32"] for m in AMX_ROWS] * has_amx(target) + [dot_intrinsic(target)]
 
 
 def require_bf16_unit(target: tvm.target.Target) -> None:
@@ -94,11 +96,12 @@ class BF16DotProduct(SketchRule):
         if not is_bf16_product(state, stage_id):
             return [(state, stage_id - 1)]  # an operand's conversion: computed, not inlined
         consumer = single_elementwise_consumer(state, stage_id)
-        out = []
+        out, tiles = [], False
         for intrin in intrinsics(task.target):
-            tiled = tile_around(state, stage_id, intrin)
-            if tiled is None:
+            tiled = None if tiles and intrin.amx_rows else tile_around(state, stage_id, intrin)
+            if tiled is None:  # AMX: the most rows that divide the product's
                 continue
+            tiles |= intrin.amx_rows is not None
             if consumer is not None:  # the epilogue under an output tile, as MultiLevelTilingWithFusion does
                 for end in fusion_points(state, stage_id, intrin):
                     fused = tiled.copy()
@@ -171,7 +174,7 @@ def tiling_structure(intrin: BF16Intrin) -> str:
     product a reduction innermost, so that a loop of products accumulates into one tile, kept in its
     register across the loop (:mod:`ansor.codegen.amx_tiles`), where a spatial tile there would store and reload it
     at every step."""
-    return AMX_STRUCTURE if intrin is BF16Intrin.AMX_TILE_16x16x32 else CPU_STRUCTURE
+    return AMX_STRUCTURE if intrin.amx_rows else CPU_STRUCTURE
 
 
 #: AMX's tiling: output tiles (S), a reduction block (R), its accumulator tiles (S, unrolled: codegen's

@@ -20,7 +20,11 @@ Layouts (the weight is packed into them at build time; the activations are read 
 - AMX, ``tile_16x16x32``: ``C[16, 16] += A[16, 32] . B[16, 16, 2]``: B in k pairs
   (``Bp[k // 2, n, k % 2]``), the layout ``tdpbf16ps`` reads. Each call loads the tile configuration and
   C, and stores C: correct wherever it is placed; :mod:`ansor.codegen.amx_tiles` then keeps the configuration and
-  C in their registers across the kernel's loops.
+  C in their registers across the kernel's loops. ``tile_Mx16x32`` for M in :data:`AMX_ROWS` is the same
+  product on M rows of A and C (a tile configured with M rows): a convolution's 56, 28, 14 or 7 output
+  pixels a row fill tiles of 14 or 7 rows, where 16 rows divide none of them. Those intrinsics hold C in
+  tile 0, A in tile 4 and B in tile 6 (:data:`AMX_OPERAND_TILES`), so that every tile register keeps one
+  shape in a kernel whose products codegen runs side by side (A tiles M rows, B tiles 16).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import enum
 import threading
 from functools import lru_cache
+from typing import Optional
 
 import numpy as np
 import tvm
@@ -61,6 +66,10 @@ class BF16Intrin(enum.Enum):
 
     AVX512_DOT_16x2 = "ansor_avx512bf16_dot_16x2"
     AMX_TILE_16x16x32 = "ansor_amx_bf16_tile_16x16x32"
+    AMX_TILE_14x16x32 = "ansor_amx_bf16_tile_14x16x32"
+    AMX_TILE_12x16x32 = "ansor_amx_bf16_tile_12x16x32"
+    AMX_TILE_8x16x32 = "ansor_amx_bf16_tile_8x16x32"
+    AMX_TILE_7x16x32 = "ansor_amx_bf16_tile_7x16x32"
     #: ``dot_16x2``'s description as its own implementation: the same layouts and loop structure in plain
     #: fp32 code, for a CPU without the unit (tests, and the search's structure on any machine).
     PORTABLE_DOT_16x2 = "ansor_portable_bf16_dot_16x2"
@@ -76,6 +85,11 @@ class BF16Intrin(enum.Enum):
         return tuple(n for n, kind in self.loops if kind == IterKind.SPATIAL)
 
     @property
+    def amx_rows(self) -> Optional[int]:
+        """The rows of an AMX tile product's A and C tiles; None for the dot products."""
+        return _AMX_ROWS_OF.get(self)
+
+    @property
     def reduction(self) -> int:
         """The extent of its one reduction loop (a k pair; AMX: 32)."""
         [n] = [n for n, kind in self.loops if kind == IterKind.REDUCE]
@@ -85,8 +99,23 @@ class BF16Intrin(enum.Enum):
 _LOOPS = {
     BF16Intrin.AVX512_DOT_16x2: ((16, IterKind.SPATIAL), (2, IterKind.REDUCE)),
     BF16Intrin.PORTABLE_DOT_16x2: ((16, IterKind.SPATIAL), (2, IterKind.REDUCE)),
-    BF16Intrin.AMX_TILE_16x16x32: ((16, IterKind.SPATIAL), (16, IterKind.SPATIAL), (32, IterKind.REDUCE)),
 }
+#: The rows of AMX's tile products, most first: a product's rows take the first that divides them. The
+#: zoo's stride-1 convolutions are 112, 56, 28, 14, 7 (ResNet, MobileNet, ConvNeXt), 35, 17 or 8 (Inception)
+#: pixels wide, its matmuls' rows 128 or 197 tokens: 16 rows fit only 112 and 128.
+AMX_ROWS = (16, 14, 12, 8, 7)
+_AMX_ROWS_OF = {BF16Intrin[f"AMX_TILE_{m}x16x32"]: m for m in AMX_ROWS}
+_LOOPS.update({intrin: ((m, IterKind.SPATIAL), (16, IterKind.SPATIAL), (32, IterKind.REDUCE))
+               for intrin, m in _AMX_ROWS_OF.items()})
+#: The tile registers (C, A, B) of the 16-row tile product. Fewer rows take :data:`AMX_SHAPED_TILES`, where
+#: each register keeps one shape (codegen's configuration: tiles 0-5 of M rows, 6 and 7 of B's 16 k pairs).
+AMX_TILES = (0, 1, 2)
+AMX_SHAPED_TILES = (0, 4, 6)
+
+
+def amx_tiles_of(rows: int) -> tuple[int, int, int]:
+    """The tile registers (C, A, B) of the tile product on ``rows`` rows."""
+    return AMX_TILES if rows == 16 else AMX_SHAPED_TILES
 #: An iterator annotated ``tensorize:<name>`` heads the loops intrinsic ``name`` replaces (a ``TZ`` step).
 TENSORIZE = "tensorize:"
 
@@ -134,17 +163,19 @@ def _dot_16x2() -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
 
 
 # ------------------------------------------------------------------------------------------------- AMX
-def _tile_16x16x32() -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
-    """``tile_16x16x32``'s description and implementation."""
+def _tile(rows: int) -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
+    """``tile_{rows}x16x32``'s description and implementation."""
+    c_tile, a_tile, b_tile = (T.int8(t) for t in amx_tiles_of(rows))
+
     @T.prim_func(s_tir=True)
     def _tile_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1)
+        A = T.match_buffer(a, (rows, 32), "uint16", offset_factor=1)
         B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1)
-        C = T.match_buffer(c, (16, 16), "float32", offset_factor=1)
+        C = T.match_buffer(c, (rows, 16), "float32", offset_factor=1)
         with T.sblock("root"):
-            T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
-            T.writes(C[0:16, 0:16])
-            for i, j, k in T.grid(16, 16, 32):
+            T.reads(C[0:rows, 0:16], A[0:rows, 0:32], B[0:16, 0:16, 0:2])
+            T.writes(C[0:rows, 0:16])
+            for i, j, k in T.grid(rows, 16, 32):
                 with T.sblock("update"):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
                     C[vi, vj] = C[vi, vj] + (
@@ -157,29 +188,32 @@ def _tile_16x16x32() -> tuple[tvm.tirx.PrimFunc, tvm.tirx.PrimFunc]:
         lda = T.int32()
         ldb = T.int32()
         ldc = T.int32()
-        A = T.match_buffer(a, (16, 32), "uint16", offset_factor=1, strides=[lda, 1])
+        A = T.match_buffer(a, (rows, 32), "uint16", offset_factor=1, strides=[lda, 1])
         B = T.match_buffer(b, (16, 16, 2), "uint16", offset_factor=1, strides=[ldb, 2, 1])
-        C = T.match_buffer(c, (16, 16), "float32", offset_factor=1, strides=[ldc, 1])
+        C = T.match_buffer(c, (rows, 16), "float32", offset_factor=1, strides=[ldc, 1])
         with T.sblock("root"):
-            T.reads(C[0:16, 0:16], A[0:16, 0:32], B[0:16, 0:16, 0:2])
-            T.writes(C[0:16, 0:16])
-            # The tile configuration: palette 1; tiles 0 (C), 1 (A), 2 (B) of 16 rows of 64 bytes.
+            T.reads(C[0:rows, 0:16], A[0:rows, 0:32], B[0:16, 0:16, 0:2])
+            T.writes(C[0:rows, 0:16])
+            # The tile configuration: palette 1; C and A of `rows` rows, B of 16, each row 64 bytes.
             cfg = T.alloc_buffer((64,), "uint8", scope="local")
             for q in range(64):
                 cfg[q] = T.uint8(0)
             cfg[0] = T.uint8(1)
-            for t in range(3):
-                cfg[16 + 2 * t] = T.uint8(64)
-                cfg[48 + t] = T.uint8(16)
+            cfg[16 + 2 * c_tile] = T.uint8(64)
+            cfg[16 + 2 * a_tile] = T.uint8(64)
+            cfg[16 + 2 * b_tile] = T.uint8(64)
+            cfg[48 + c_tile] = T.uint8(rows)
+            cfg[48 + a_tile] = T.uint8(rows)
+            cfg[48 + b_tile] = T.uint8(16)
             T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", cfg.access_ptr("r")))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(0), C.access_ptr("r"),
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", c_tile, C.access_ptr("r"),
                                           T.int64(ldc * 4)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(1), A.access_ptr("r"),
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", a_tile, A.access_ptr("r"),
                                           T.int64(lda * 2)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(2), B.access_ptr("r"),
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", b_tile, B.access_ptr("r"),
                                           T.int64(ldb * 2)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", T.int8(0), T.int8(1), T.int8(2)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(0), C.access_ptr("w"),
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbf16ps", c_tile, a_tile, b_tile))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", c_tile, C.access_ptr("w"),
                                           T.int64(ldc * 4)))
     return _tile_desc, _tile_impl
 
@@ -197,5 +231,6 @@ def register() -> None:
 def _register() -> None:
     dot_desc, dot_impl = _dot_16x2()
     TensorIntrin.register(BF16Intrin.AVX512_DOT_16x2.value, dot_desc, dot_impl, override=True)
-    TensorIntrin.register(BF16Intrin.AMX_TILE_16x16x32.value, *_tile_16x16x32(), override=True)
+    for intrin, rows in _AMX_ROWS_OF.items():
+        TensorIntrin.register(intrin.value, *_tile(rows), override=True)
     TensorIntrin.register(BF16Intrin.PORTABLE_DOT_16x2.value, dot_desc, dot_desc, override=True)
