@@ -334,3 +334,35 @@ def test_a_convolution_with_its_epilogue_fused_keeps_tiles_and_computes_the_laye
             # Output rows / the tile's rows, 32 channels / 16, 3 x 3 x 32 channels / 32.
             assert ran.products == pixels // intrin.amx_rows * 2 * 9
         assert ran.configurations < ran.products  # kept: once per parallel iteration
+
+
+@tvm.script.ir_module
+class Tokens:  # ViT-B/16's linear layers: 197 rows, a prime, padded to 208 for 16-row tiles
+    @R.function
+    def main(x: R.Tensor((1, 197, 64), "float32"), w: R.Tensor((64, 32), "float32"), b: R.Tensor((32,), "float32")):
+        with R.dataflow():
+            y = R.nn.relu(R.add(R.matmul(x, w), b))
+            R.output(y)
+        return y
+
+
+def test_a_dense_layer_of_197_rows_runs_on_tiles_of_its_rows_padded(emulator):
+    """No tile's rows divide 197: for an AMX target the layer computes 208 rows (A16's last 11 zero) and
+    returns the first 197; its AMX programs, run on emulated tiles, compute the unscheduled program's values."""
+    rng = np.random.default_rng(0)
+    params = {"w": rng.uniform(-0.5, 0.5, (64, 32)).astype("float32"),
+              "b": rng.uniform(-0.5, 0.5, (32,)).astype("float32")}
+    ex = extract(as_network(Tokens, params), AMX, precision=Precision.BF16)
+    [task] = [t.task for t in ex.tasks]
+    assert "iters[v_i0:S1, v_i1:S208, v_i2:S32, v_k:R64]" in str(task.compute_dag)
+    sketches = [s for s in generate_sketches(task) if any(it.annotation == TENSORIZE + BF16Intrin.AMX_TILE_16x16x32.value
+                                                          for st in s.stages for it in st.iters)]
+    states = sample_initial_population(task, sketches, 3, random.Random(2))
+    arrays = program.random_inputs(task)
+    want = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
+                               arrays)[-1]
+    assert want.shape == (1, 197, 32)
+    for mod in lowered_kernels(task, states):
+        got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
+        assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()  # the fp32 sums' order
+        assert ran.products == 208 // 16 * 2 * 2 and ran.configurations < ran.products

@@ -13,6 +13,9 @@ A ``matmul`` of two activations (attention's ``Q K^T`` and ``P V``: ``[..., M, K
 leading dimensions) rounds and packs both operands in the kernel instead (``A16`` and ``B16``, the latter
 ``K x N`` conversions a call, as the ``bf16-matmul-*`` workloads do).
 
+For a target with AMX, a dense layer's rows that no tile's rows divide (ViT's 197 tokens) are padded to a
+multiple of 16 (:func:`amx_padded_rows`): the product runs on 208 rows, the output is its first 197.
+
 The PrimFunc is marked output-element-wise fusable, so ``FuseOps`` gives it the layer's epilogue (bias, ReLU,
 residual add) as for an fp32 convolution. A layer whose output channels are not a multiple of 16 or whose
 reduction has an odd channel count stays fp32 (a classifier of 1000 classes: 1000 = 16 x 62.5).
@@ -27,7 +30,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from ..state.tensor_intrin import bf16_bits, bf16_to_f32, round_to_bf16
+from ..state.tensor_intrin import AMX_ROWS, bf16_bits, bf16_to_f32, round_to_bf16
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul, bf16_rounded
 from .calls import mutate_relax_functions
 from .conv_rewrite import bound_constant, ungrouped_nhwc
@@ -41,13 +44,18 @@ BF16_BUILD_RTOL = 1e-2
 #: How far a bf16 network's output may be from the fp32 network's, as a share of the output's scale:
 #: OpenVINO's bf16 outputs were 4e-3 to 1.2e-2 of it from ONNX Runtime's fp32 on five models (issue 56).
 BF16_VS_FP32_RTOL = 5e-2
+#: How much longer a dense layer's rows may be padded for AMX tiles: ViT-B/16's 197 tokens as 208 (+5.6 %)
+#: put its four linear layers, nearly all its FLOPs, on tiles instead of vdpbf16ps (untimed: no AMX here).
+MAX_PADDED_ROWS = 1 / 8
 #: TVM's op pattern kOutEWiseFusable: an element-wise epilogue fuses into the product, as into a convolution.
 _OUT_FUSABLE = {"op_pattern": 4}
 
 
-def use_bf16(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with every eligible convolution and dense layer computed in bf16 (see the module notes)."""
-    mutator = _BF16Products(mod)
+def use_bf16(mod: tvm.IRModule, amx: bool = False) -> tvm.IRModule:
+    """``mod`` with every eligible convolution and dense layer computed in bf16 (see the module notes);
+    ``amx``: for a target with AMX tiles, a dense layer's rows are padded where no tile's rows divide them
+    (:func:`amx_padded_rows`)."""
+    mutator = _BF16Products(mod, amx)
     mod = mutate_relax_functions(mutator)
     logger.info("bf16: %d convolutions, %d dense layers and %d products of two activations take bf16 inputs; "
                 "%d products stay fp32 (grouped, not NHWC, not float32, output channels not a multiple of %d, an "
@@ -86,8 +94,9 @@ def _static_shape(expr: relax.Expr) -> Optional[tuple[int, ...]]:
 class _BF16Products(relax.PyExprMutator):
     """Replaces each eligible product by a call of its bf16 PrimFunc and counts what it did."""
 
-    def __init__(self, mod: tvm.IRModule):
+    def __init__(self, mod: tvm.IRModule, amx: bool):
         super().__init__(mod)
+        self.amx = amx
         self.convs = self.denses = self.batched = self.kept = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
@@ -121,7 +130,9 @@ class _BF16Products(relax.PyExprMutator):
                 or shape[-1] != weight.shape[0]):
             return None
         self.denses += 1
+        rows = shape[-2] if len(shape) > 1 else 1
         return self.builder_.call_te(_dense_product, data, relax.const(pack_weight(weight), "uint16"),
+                                     (self.amx and amx_padded_rows(rows)) or rows,
                                      primfunc_name_hint="bfloat_dense", primfunc_attrs=_OUT_FUSABLE)
 
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
@@ -179,12 +190,32 @@ def _subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) 
         axis=rc), name="conv_bf16")
 
 
-def _dense_product(data: te.Tensor, packed: te.Tensor) -> te.Tensor:
-    """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight."""
+def amx_padded_rows(rows: int) -> Optional[int]:
+    """The rows a dense layer of ``rows`` rows computes on a target with AMX, where no tile's rows
+    (``AMX_ROWS``) divide them: the next multiple of 16, if that adds at most :data:`MAX_PADDED_ROWS` (ViT's
+    197 tokens, a prime, as 208); None where a tile fits or padding would cost more."""
+    if rows < 16 or any(rows % m == 0 for m in AMX_ROWS):
+        return None
+    padded = -(-rows // 16) * 16
+    return padded if padded - rows <= MAX_PADDED_ROWS * rows else None
+
+
+def _dense_product(data: te.Tensor, packed: te.Tensor, rows: int) -> te.Tensor:
+    """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight, on ``rows``
+    rows: more than ``data`` has pads it with zero rows, computed and never read (the output is a slice)."""
     *lead, k = (int(d) for d in data.shape)
-    a16 = bf16_rounded(data)
+    padded = bool(lead) and rows > lead[-1]
+    if padded:
+        a16 = te.compute((*lead[:-1], rows, k), lambda *i: bf16_bits(tvm.tirx.if_then_else(
+            i[-2] < lead[-1], data(*i), tvm.tirx.const(0, "float32"))), name="A16")
+    else:
+        a16 = bf16_rounded(data)
     r = te.reduce_axis((0, k), name="k")
-    return te.compute((*lead, packed.shape[0] * BF16_LANES), lambda *i: te.sum(
+    out = (*lead[:-1], rows, packed.shape[0] * BF16_LANES) if padded else (*lead, packed.shape[0] * BF16_LANES)
+    product = te.compute(out, lambda *i: te.sum(
         bf16_to_f32(a16(*i[:-1], r))
         * bf16_to_f32(packed[i[-1] // BF16_LANES, r // BF16_PAIR, i[-1] % BF16_LANES, r % BF16_PAIR]),
         axis=r), name="dense_bf16")
+    if not padded:
+        return product
+    return te.compute((*lead, out[-1]), lambda *i: product(*i), name="dense_rows")

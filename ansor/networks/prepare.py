@@ -63,10 +63,12 @@ CHANNELS_LAST = {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv3d": ["NDHWC
 
 
 def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, fast_math: bool = True,
-            winograd: bool = True, vector_bytes: int = 0, precision: Precision = Precision.FP32) -> Network:
+            winograd: bool = True, vector_bytes: int = 0, precision: Precision = Precision.FP32,
+            amx: bool = False) -> Network:
     """The network ready for extraction on a CPU (see the module notes); ``network`` is left unchanged.
     ``vector_bytes`` is the width of the CPU's vector registers (0: output channels are never padded);
-    ``precision`` bf16 computes the convolutions and dense layers in bf16 (:mod:`.bf16`), none by Winograd."""
+    ``precision`` bf16 computes the convolutions and dense layers in bf16 (:mod:`.bf16`), none by Winograd;
+    ``amx``: the target has AMX tiles (bf16 pads dense layers' rows for them)."""
     if layout not in LAYOUTS:
         raise NetworkError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     mod = network.mod
@@ -87,7 +89,7 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
         if vector_bytes:
             mod = pad_output_channels(mod, vector_bytes)
         if precision is Precision.BF16:
-            mod = use_bf16(mod)
+            mod = use_bf16(mod, amx)
         elif winograd:
             mod = winograd_convs(mod)
         if fast_math:
