@@ -27,6 +27,7 @@ from ansor.codegen import amx_tiles
 from ansor.codegen.amx_tiles import TileOp, keep_tiles_in, tile_call
 from ansor.measure.check import bf16_tolerance
 from ansor.networks import extract
+from ansor.networks.bf16 import pack_weight, phase_weight
 from ansor.relax import as_network
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.sketch.tensor_rules import AMX_STRUCTURE, tiling_structure
@@ -366,3 +367,37 @@ def test_a_dense_layer_of_197_rows_runs_on_tiles_of_its_rows_padded(emulator):
         got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
         assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()  # the fp32 sums' order
         assert ran.products == 208 // 16 * 2 * 2 and ran.configurations < ran.products
+
+
+@tvm.script.ir_module
+class StridedConv:  # ResNet's downsampling 3x3 convolution: stride 2, its input in phases for AMX tiles
+    @R.function
+    def main(x: R.Tensor((1, 28, 28, 32), "float32"), w: R.Tensor((3, 3, 32, 32), "float32")):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, strides=2, padding=1, data_layout="NHWC", kernel_layout="HWIO")
+            R.output(y)
+        return y
+
+
+def test_a_strided_3x3_convolution_runs_on_tiles_over_its_input_in_phases(emulator):
+    """Its rows read every second pixel, no box a tile loads: for an AMX target A16 holds the input in 2 x 2
+    phases and the taps in 2 x 2 x (2 x 2) (7 of 16 zero). Its unscheduled program and its AMX programs, on
+    emulated tiles, compute numpy's strided convolution of the bf16-rounded input and weight."""
+    rng = np.random.default_rng(0)
+    x, w = rng.random((1, 28, 28, 32), dtype=np.float32), rng.random((3, 3, 32, 32), dtype=np.float32)
+    ex = extract(as_network(StridedConv, {"w": w}), AMX, precision=Precision.BF16)
+    [task] = [t.task for t in ex.tasks]
+    assert "iters[v_b:S1, v_py:S2, v_px:S2, v_y:S15, v_x:S15, v_c:S32]" in str(task.compute_dag)
+    sketches = [s for s in generate_sketches(task) if any(it.annotation == TENSORIZE + BF16Intrin.AMX_TILE_14x16x32.value
+                                                          for st in s.stages for it in st.iters)]
+    arrays = [x, pack_weight(phase_weight(w, [2, 2])), np.zeros((1, 14, 14, 32), np.float32)]
+    xp = np.pad(bf16_bits_to_f32(round_to_bf16(x)).astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    wb = bf16_bits_to_f32(round_to_bf16(w)).astype(np.float64)
+    want = sum(xp[:, kh:kh + 28:2, kw:kw + 28:2, :] @ wb[kh, kw] for kh in range(3) for kw in range(3))
+    plain = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
+                                arrays)[-1]
+    assert np.abs(plain - want).max() <= 288 * 2.0 ** -23 * want.max()
+    for mod in lowered_kernels(task, sample_initial_population(task, sketches, 3, random.Random(3))):
+        got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
+        assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * want.max()  # the fp32 sums' order
+        assert ran.products == 14 * 2 * 16 and ran.configurations < ran.products  # 14 rows x 2 x 16 taps

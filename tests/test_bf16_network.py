@@ -245,10 +245,12 @@ def intrinsics_of(state) -> list[str]:
 
 
 def test_an_amx_target_searches_amx_tiles_where_rows_fill_them():
-    wide, strided = sorted(amx_tasks(), key=lambda t: -t.flop_ct)  # 16 output rows, but not one dense box
-    assert [intrinsics_of(s) for s in generate_sketches(wide)] == [[BF16Intrin.AMX_TILE_16x16x32.value],
-                                                                   [BF16Intrin.AVX512_DOT_16x2.value]]
-    assert [intrinsics_of(s) for s in generate_sketches(strided)] == [[BF16Intrin.AVX512_DOT_16x2.value]]
+    """Both convolutions' rows fill 16-row tiles: the stride-2 one's as a box of its input in phases."""
+    strided, wide = sorted(amx_tasks(), key=lambda t: t.flop_ct)
+    for task in (wide, strided):
+        assert [intrinsics_of(s) for s in generate_sketches(task)] == [[BF16Intrin.AMX_TILE_16x16x32.value],
+                                                                       [BF16Intrin.AVX512_DOT_16x2.value]]
+    assert "A16[v_b, v_py, v_px, v_y, v_x, v_c]" in str(strided.compute_dag)
     states = sample_initial_population(wide, generate_sketches(wide), 8, random.Random(0))
     amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_16x16x32.value]]
     assert amx, "no AMX program sampled"

@@ -14,7 +14,9 @@ leading dimensions) rounds and packs both operands in the kernel instead (``A16`
 ``K x N`` conversions a call, as the ``bf16-matmul-*`` workloads do).
 
 For a target with AMX, a dense layer's rows that no tile's rows divide (ViT's 197 tokens) are padded to a
-multiple of 16 (:func:`amx_padded_rows`): the product runs on 208 rows, the output is its first 197.
+multiple of 16 (:func:`amx_padded_rows`): the product runs on 208 rows, the output is its first 197; and a
+strided convolution reads its input in phases (:func:`_phased_conv_product`), so that a row of its outputs
+reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads).
 
 The PrimFunc is marked output-element-wise fusable, so ``FuseOps`` gives it the layer's epilogue (bias, ReLU,
 residual add) as for an fp32 convolution. A layer whose output channels are not a multiple of 16 or whose
@@ -47,6 +49,9 @@ BF16_VS_FP32_RTOL = 5e-2
 #: How much longer a dense layer's rows may be padded for AMX tiles: ViT-B/16's 197 tokens as 208 (+5.6 %)
 #: put its four linear layers, nearly all its FLOPs, on tiles instead of vdpbf16ps (untimed: no AMX here).
 MAX_PADDED_ROWS = 1 / 8
+#: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
+#: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
+MAX_PHASE_WASTE = 2.0
 #: TVM's op pattern kOutEWiseFusable: an element-wise epilogue fuses into the product, as into a convolution.
 _OUT_FUSABLE = {"op_pattern": 4}
 
@@ -118,10 +123,15 @@ class _BF16Products(relax.PyExprMutator):
                 and str(a.out_dtype) in ("", "None", "float32")):
             return None
         self.convs += 1
+        strides, padding = [int(s) for s in a.strides], [int(p) for p in a.padding]
+        dilation = [int(d) for d in a.dilation]
+        if self.amx and phased(weight.shape[:2], strides, dilation):
+            return self.builder_.call_te(
+                _phased_conv_product, call.args[0], relax.const(pack_weight(phase_weight(weight, strides)), "uint16"),
+                weight.shape[:2], strides, padding, primfunc_name_hint="bfloat_conv2d", primfunc_attrs=_OUT_FUSABLE)
         return self.builder_.call_te(
             _conv_product, call.args[0], relax.const(pack_weight(weight), "uint16"), weight.shape[:2],
-            [int(s) for s in a.strides], [int(p) for p in a.padding], [int(d) for d in a.dilation],
-            primfunc_name_hint="bfloat_conv2d", primfunc_attrs=_OUT_FUSABLE)
+            strides, padding, dilation, primfunc_name_hint="bfloat_conv2d", primfunc_attrs=_OUT_FUSABLE)
 
     def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         data = call.args[0]
@@ -198,6 +208,52 @@ def amx_padded_rows(rows: int) -> Optional[int]:
         return None
     padded = -(-rows // 16) * 16
     return padded if padded - rows <= MAX_PADDED_ROWS * rows else None
+
+
+def phased(taps: tuple[int, ...], strides: list[int], dilation: list[int]) -> bool:
+    """Whether a strided convolution takes its AMX form (:func:`_phased_conv_product`): taps wider than the
+    stride (a 1x1 one gathers its pixels instead) and at most :data:`MAX_PHASE_WASTE` products more."""
+    if list(dilation) != [1, 1] or list(strides) == [1, 1] or all(k <= s for k, s in zip(taps, strides)):
+        return False
+    return np.prod([-(-k // s) * s / k for k, s in zip(taps, strides)]) <= MAX_PHASE_WASTE
+
+
+def phase_weight(weight: np.ndarray, strides: list[int]) -> np.ndarray:
+    """An HWIO weight as ``[qy, py, qx, px, CI, CO]``: tap ``(sy * qy + py, sx * qx + px)``, zero where that
+    is past the taps (a 3x3 kernel of stride 2 becomes 2 x 2 phases of 2 x 2 taps, 7 of the 16 zero)."""
+    kh, kw, ci, co = weight.shape
+    (sy, sx), (qh, qw) = strides, (-(-kh // strides[0]), -(-kw // strides[1]))
+    padded = np.zeros((qh * sy, qw * sx, ci, co), np.float32)
+    padded[:kh, :kw] = weight
+    return np.ascontiguousarray(padded.reshape(qh, sy, qw, sx, ci, co))
+
+
+def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
+                         padding: list[int]) -> te.Tensor:
+    """A strided convolution (AMX targets) over its input in phases: ``A16[b, py, px, y, x, c]`` is padded
+    pixel ``(sy * y + py, sx * x + px)`` and a tap ``(sy * qy + py, sx * qx + px)`` reads ``A16[b, py, px,
+    y + qy, x + qx, c]``, so consecutive outputs read consecutive pixels of a phase: a row of outputs is a box,
+    as an AMX tile loads it, where in the activation it is every second pixel. The reduction runs over
+    ``qy, py, qx, px`` and the channels, the taps past the kernel's zero (:func:`phase_weight`)."""
+    n, h, w, ci = (int(d) for d in data.shape)
+    (kh, kw), (sy, sx) = taps, strides
+    top, left, bottom, right = padding
+    qh, qw = -(-kh // sy), -(-kw // sx)
+    out_h, out_w = (h + top + bottom - kh) // sy + 1, (w + left + right - kw) // sx + 1
+
+    def rounded(b, py, px, y, x, c):
+        yy, xx = y * sy + py - top, x * sx + px - left
+        inside = tvm.tirx.all(yy >= 0, yy < h, xx >= 0, xx < w)
+        return bf16_bits(tvm.tirx.if_then_else(inside, data[b, yy, xx, c], tvm.tirx.const(0, "float32")))
+
+    a16 = te.compute((n, sy, sx, out_h + qh - 1, out_w + qw - 1, ci), rounded, name="A16")
+    qy, py = te.reduce_axis((0, qh), name="qy"), te.reduce_axis((0, sy), name="py")
+    qx, px = te.reduce_axis((0, qw), name="qx"), te.reduce_axis((0, sx), name="px")
+    rc = te.reduce_axis((0, ci), name="rc")
+    return te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
+        bf16_to_f32(a16[b, py, px, y + qy, x + qx, rc]) * bf16_to_f32(
+            packed[o // BF16_LANES, qy, py, qx, px, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
+        axis=[qy, py, qx, px, rc]), name="conv_bf16")
 
 
 def _dense_product(data: te.Tensor, packed: te.Tensor, rows: int) -> te.Tensor:
