@@ -2,7 +2,7 @@
  * function stands for the instruction of its name, on one thread's 8 tiles of up to 16 rows x 64 bytes,
  * each moving and multiplying the rows its thread configured (palette 1). An instruction on a tile not
  * configured as rows of 64 bytes, or a product whose tiles' shapes do not match (C and A the same rows,
- * B 16 rows: 32 bf16 of A's row), counts an error. */
+ * B 16 rows: 32 bf16 of A's row) or that names one tile twice (the instruction faults), counts an error. */
 #include <stdint.h>
 #include <string.h>
 static __thread unsigned char tiles[8][1024];
@@ -34,7 +34,7 @@ int ansor_emu_tilestored64(int8_t t, char* p, int64_t stride) {
 }
 int ansor_emu_tdpbf16ps(int8_t c, int8_t a, int8_t b) {
   if (!ready(c) || !ready(a) || !ready(b)) return 0;
-  if (rows[c] != rows[a] || rows[b] != 16) { count(4); return 0; }
+  if (rows[c] != rows[a] || rows[b] != 16 || c == a || c == b || a == b) { count(4); return 0; }
   float* C = (float*)tiles[c];
   const uint16_t* A = (const uint16_t*)tiles[a];
   const uint16_t* B = (const uint16_t*)tiles[b];

@@ -203,6 +203,9 @@ def test_blocks_are_not_merged_where_that_would_change_the_result():
     W = tvm.tirx.decl_buffer((65536,), "uint8", name="W")
     at = [amx_tiles.tile_call(load(0, W, f * 0 + i, 256)) for i in (0, 32, 64)]
     assert not amx_tiles._disjoint(at[0], at[1], sym.Analyzer()) and amx_tiles._disjoint(at[0], at[2], sym.Analyzer())
+    # Output tiles 14 rows of a 256-byte stride apart: apart as tiles of 14 rows, overlapping as tiles of 16.
+    below = [amx_tiles.tile_call(load(0, C, f * 0 + i, 256)) for i in (0, 14 * 64)]
+    assert amx_tiles._disjoint(*below, sym.Analyzer(), rows=14) and not amx_tiles._disjoint(*below, sym.Analyzer())
     view = tvm.tirx.decl_buffer((64, 64), "float32", name="C", data=C.data)
     c0, c1 = (amx_tiles.tile_call(x) for x in (load(0, C, f * 0, 256), load(0, view, (f * 0, f * 0 + 16), 256)))
     assert not amx_tiles._disjoint(c0, c1, sym.Analyzer())  # two buffers over one memory: not provably apart

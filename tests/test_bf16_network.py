@@ -28,7 +28,7 @@ from ansor.cli.logs import log_name, network_from_log_name, precision_from_log_n
 from ansor.host_cpu import MatrixUnit, allow_amx, host_cpu
 from ansor.log.records import load_records
 from ansor.networks import NetworkError, apply_history_best, apply_schedules, build, compare_outputs, extract
-from ansor.networks.bf16 import BF16_BUILD_RTOL, pack_weight
+from ansor.networks.bf16 import BF16_BUILD_RTOL, amx_padded_rows, pack_weight
 from ansor.networks.default_schedule import default_state
 from ansor.networks.evaluate import run
 from ansor.relax import as_network, export_network, tune_tasks
@@ -200,6 +200,13 @@ def test_a_strided_1x1_convolution_rounds_only_the_pixels_it_reads_into_amx_rows
     assert np.abs(got - want).max() <= 32 * 2.0 ** -23 * np.abs(want).max()
     [amx] = [t.task for t in extract(as_network(Downsample, params), AMX, precision=BF16).tasks]
     assert intrinsics_of(generate_sketches(amx)[0]) == [BF16Intrin.AMX_TILE_14x16x32.value]
+
+
+def test_dense_rows_no_tile_divides_are_padded_for_amx_within_an_eighth():
+    assert amx_padded_rows(197) == 208  # 13 tiles of 16, +5.6 %
+    assert amx_padded_rows(50) == 56  # 4 tiles of 14, where 64 rows would add 28 %
+    assert amx_padded_rows(56) is None and amx_padded_rows(49) is None  # tiles of 14 and 7 divide them
+    assert amx_padded_rows(17) is None  # 32 (or 21 in tiles of 7) would add more than an eighth
 
 
 def test_a_network_keeps_fp32_where_the_unit_does_not_fit_and_stays_near_fp32():

@@ -230,6 +230,7 @@ class _Residency:
     """Moves accumulator loads and stores out of the loops and unrolled runs that do not need them, and
     runs up to :data:`MAX_ACCUMULATORS` accumulators side by side in one loop."""
 
+    rows: int = 16  # of the accumulator tiles
     binds: list = field(default_factory=list)  # every (var, value) bound so far, for fresh analyzers
     analyzer: sym.Analyzer = field(default_factory=sym.Analyzer)
 
@@ -385,7 +386,7 @@ class _Residency:
     def _merge_blocks(self, blocks: list[_Block]) -> Optional[list[tvm.tirx.Stmt]]:
         """``blocks`` as one loop over their accumulators 0..n-1, or None where their loops differ, their
         outputs may overlap or their tiles would not fit the 8 tile registers."""
-        if not all(_disjoint(a.load, b.load, self.analyzer) for a, b in itertools.combinations(blocks, 2)):
+        if not all(_disjoint(a.load, b.load, self.analyzer, self.rows) for a, b in itertools.combinations(blocks, 2)):
             return None
         # The loads and every block's leading Binds move before every body, the stores after: none may use
         # what a body binds. The bodies run before earlier blocks' stores: they may not read the outputs.
@@ -523,8 +524,8 @@ def _evaluate(call: _Call) -> tvm.tirx.Stmt:
     return tvm.tirx.Evaluate(tvm.tirx.call_llvm_intrin("void", call.op.value, *call.args))
 
 
-def _disjoint(a: _Call, b: _Call, analyzer: sym.Analyzer) -> bool:
-    """Whether the tiles (up to 16 rows of 64 bytes) that loads ``a`` and ``b`` read provably do not overlap: the same
+def _disjoint(a: _Call, b: _Call, analyzer: sym.Analyzer, rows: int = 16) -> bool:
+    """Whether the tiles (``rows`` rows of 64 bytes) that loads ``a`` and ``b`` read provably do not overlap: the same
     buffer (two buffers may view one memory), the same constant row stride, offsets a constant apart."""
     la, lb = a.args[1].args[0], b.args[1].args[0]
     if not la.source.same_as(lb.source) or len(la.indices) != 1 or len(lb.indices) != 1:
@@ -536,7 +537,7 @@ def _disjoint(a: _Call, b: _Call, analyzer: sym.Analyzer) -> bool:
     if gap is None:
         return False
     gap *= tvm.runtime.DataType(str(la.source.dtype)).bits // 8  # bytes
-    return all(abs(gap - r * stride) >= 64 for r in range(-15, 16))
+    return all(abs(gap - r * stride) >= 64 for r in range(1 - rows, rows))
 
 
 # ------------------------------------------------------------------------------------------ the rewrite
@@ -559,7 +560,7 @@ def _keep(stmt: tvm.tirx.Stmt) -> tvm.tirx.Stmt:
     stripped = _strip_config(region, buffers, found)
     if not found:
         raise _Unexpected("tile instructions without a configuration")
-    return _seq([*items[:tiled[0]], *_every_tile(found[0], rows), _Residency().stmt(stripped),
+    return _seq([*items[:tiled[0]], *_every_tile(found[0], rows), _Residency(rows).stmt(stripped),
                  *items[tiled[-1] + 1:]])
 
 
