@@ -28,6 +28,7 @@ from ansor.codegen.amx_tiles import TileOp, keep_tiles_in, tile_call
 from ansor.measure.check import bf16_tolerance
 from ansor.networks import extract
 from ansor.networks.bf16 import pack_weight, phase_weight
+from ansor.networks.default_schedule import default_state
 from ansor.relax import as_network
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.sketch.tensor_rules import AMX_STRUCTURE, tiling_structure
@@ -392,3 +393,22 @@ def test_a_strided_3x3_convolution_runs_on_tiles_over_its_input_in_phases(emulat
         got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
         assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * want.max()  # the fp32 sums' order
         assert ran.products == 14 * 2 * 16 and ran.configurations < ran.products  # 14 rows x 2 x 16 taps
+
+
+def test_the_default_schedule_of_an_amx_target_runs_its_products_on_tiles(emulator):
+    """An untuned bf16 layer's default schedule for an AMX target tiles it around AMX's tile product (output
+    tiles side by side: 1 x 2 here), whose tiles the rewrite keeps; on emulated tiles it computes the layer."""
+    rng = np.random.default_rng(0)
+    params = {"w": rng.uniform(-0.5, 0.5, (3, 3, 32, 32)).astype("float32"),
+              "b": rng.uniform(-0.5, 0.5, (32,)).astype("float32")}
+    [task] = [t.task for t in extract(as_network(NarrowConvBiasRelu, params), AMX, precision=Precision.BF16).tasks]
+    state = default_state(task)
+    assert [it.annotation for st in state.stages for it in st.iters if it.annotation.startswith(TENSORIZE)] == [
+        TENSORIZE + BF16Intrin.AMX_TILE_14x16x32.value]
+    arrays = program.random_inputs(task)
+    want = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
+                               arrays)[-1]
+    [mod] = lowered_kernels(task, [state])
+    got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
+    assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * np.abs(want).max()
+    assert ran.products == 14 * 2 * 9 and ran.stores < ran.products and ran.loads - ran.stores < 2 * ran.products

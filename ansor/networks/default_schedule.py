@@ -37,7 +37,7 @@ from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
 from ..target import device_kind
 from ..task.search_task import SearchTask
-from ..sketch.tensor_rules import dot_intrinsic, is_bf16_product, product_loops, tile_around
+from ..sketch.tensor_rules import intrinsics, is_bf16_product, product_loops, tile_around
 from ..sketch.annotation import (
     MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, branch_run_lanes, contiguous,
     largest_divisor_at_most, vector_lanes,
@@ -52,6 +52,9 @@ REGISTER_ROWS = 8
 #: A bf16 product's register block: rows by 16-channel dot products, 12 accumulators of the 32 zmm
 #: registers (vdpbf16ps: latency 5-6 cycles on two ports wants about 10 in flight). Not yet timed.
 DOT_ROWS, DOT_COLUMNS = 6, 2
+#: Where the target has AMX: output tiles a reduction step updates, rows by columns (oneDNN's 2 x 2: each A and
+#: B tile loaded serves two products, codegen's amx_tiles keeps all four in tile registers). Not yet timed.
+TILE_ROWS, TILE_COLUMNS = 2, 2
 
 
 def default_state(task: SearchTask) -> State:
@@ -151,22 +154,24 @@ def _packed_vector_parallel(task: SearchTask) -> State:
 
 
 def _dot_products(task: SearchTask) -> State:
-    """Each bf16 product tiled around the target's dot product (:mod:`ansor.sketch.tensor_rules`): a
+    """Each bf16 product tiled around the target's first intrinsic that fits it (:mod:`ansor.sketch.tensor_rules`):
+    AMX tiles, up to :data:`TILE_ROWS` by :data:`TILE_COLUMNS` of them updated by each reduction step, or a
     register block of up to :data:`DOT_ROWS` rows by :data:`DOT_COLUMNS` dot products below the whole
     reduction; parallel outer loops. Raises StepError for a task with no bf16 product."""
     state = task.compute_dag.init_state()
-    intrin = dot_intrinsic(task.target)
     tiled = 0
     for sid in range(len(state.stages)):
-        loops = product_loops(state, sid, intrin) if is_bf16_product(state, sid) else None
-        if loops is None:
+        fits = [i for i in intrinsics(task.target) if is_bf16_product(state, sid) and product_loops(state, sid, i)]
+        if not fits:
             continue
-        m, q = loops
+        intrin = fits[0]
+        m, q = product_loops(state, sid, intrin)
         iters = state.stages[sid].iters
-        space = [[1, 1, 1] for _ in range(m)]
-        space[m - 1][2] = largest_divisor_at_most((iters[m - 1].extent or 1) // intrin.spatial[-1], DOT_COLUMNS)
+        rows, columns = (TILE_ROWS, TILE_COLUMNS) if intrin.amx_rows else (DOT_ROWS, DOT_COLUMNS)
+        space = [[1] * (2 if intrin.amx_rows else 3) for _ in range(m)]  # the last: the register (tile) block
+        space[m - 1][-1] = largest_divisor_at_most((iters[m - 1].extent or 1) // intrin.spatial[-1], columns)
         if m >= 2:
-            space[m - 2][2] = largest_divisor_at_most(iters[m - 2].extent or 1, DOT_ROWS)
+            space[m - 2][-1] = largest_divisor_at_most((iters[m - 2].extent or 1) // (intrin.amx_rows or 1), rows)
         state = tile_around(state, sid, intrin, space, [[1]] * q)
         tiled += 1
     if not tiled:
