@@ -163,6 +163,29 @@ def test_a_product_of_two_activations_rounds_both_in_the_kernel():
     assert np.abs(got - q.astype(np.float64) @ k).max() > 1e-4
 
 
+@tvm.script.ir_module
+class OddAttention:  # ViT's attention products have 197 columns and a reduction of 197: padded, then sliced
+    @R.function
+    def main(q: R.Tensor((2, 9, 13), "float32"), k: R.Tensor((2, 13, 30), "float32")):
+        with R.dataflow():
+            y = R.matmul(q, k)
+            R.output(y)
+        return y
+
+
+def test_a_product_whose_reduction_is_odd_and_columns_not_16s_is_padded_with_zeros():
+    ex, exe = default_build(OddAttention, {}, PORTABLE)
+    [task] = ex.tasks
+    assert "bfloat_matmul" in task.name
+    dag = str(task.task.compute_dag)
+    assert "iters[v_i0:S2, v_i1:S9, v_i2:S14]" in dag and "v_i2:S32, v_k:R14]" in dag  # A16, the product
+    rng = np.random.default_rng(5)
+    q, k = rng.uniform(-1, 1, (2, 9, 13)).astype(np.float32), rng.uniform(-1, 1, (2, 13, 30)).astype(np.float32)
+    [got] = run(exe, ex.network, [q, k], PORTABLE)
+    want = bf16(q) @ bf16(k)
+    assert got.shape == (2, 9, 30) and np.abs(got - want).max() <= 14 * 2.0 ** -23 * np.abs(want).max()
+
+
 def test_a_strided_padded_convolution_computes_bf16_inputs():
     params = params_of(Conv)
     ex, exe = default_build(Conv, params, PORTABLE)

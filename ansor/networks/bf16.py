@@ -11,7 +11,8 @@ bf16 dot product:
 
 A ``matmul`` of two activations (attention's ``Q K^T`` and ``P V``: ``[..., M, K] x [..., K, N]``, the same
 leading dimensions) rounds and packs both operands in the kernel instead (``A16`` and ``B16``, the latter
-``K x N`` conversions a call, as the ``bf16-matmul-*`` workloads do).
+``K x N`` conversions a call, as the ``bf16-matmul-*`` workloads do), padded with zeros to whole k pairs and
+16-column groups (ViT's 197 tokens: 198 and 208; :func:`padded_to`), the output sliced back.
 
 For a target with AMX, a dense layer's rows that no tile's rows divide (ViT's 197 tokens) are padded to a
 multiple of 16 (:func:`amx_padded_rows`): the product runs on 208 rows, the output is its first 197; and a
@@ -46,8 +47,8 @@ BF16_BUILD_RTOL = 1e-2
 #: How far a bf16 network's output may be from the fp32 network's, as a share of the output's scale:
 #: OpenVINO's bf16 outputs were 4e-3 to 1.2e-2 of it from ONNX Runtime's fp32 on five models (issue 56).
 BF16_VS_FP32_RTOL = 5e-2
-#: How much longer a dense layer's rows may be padded for AMX tiles: ViT-B/16's 197 tokens as 208 (+5.6 %)
-#: put its four linear layers, nearly all its FLOPs, on tiles instead of vdpbf16ps (untimed: no AMX here).
+#: How much longer a product's rows (for AMX tiles), columns or reduction may be padded with zeros: ViT-B/16's
+#: 197 tokens as 208 (+5.6 %) put its linear layers on tiles and its attention products in bf16 (untimed here).
 MAX_PADDED_ROWS = 1 / 8
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
@@ -148,10 +149,14 @@ class _BF16Products(relax.PyExprMutator):
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
         a, b = (_static_shape(x) for x in call.args[:2])
         if (a is None or b is None or len(a) != len(b) or len(a) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]
-                or b[-1] % BF16_LANES or a[-1] % BF16_PAIR or not all(map(_float32, call.args[:2]))):
+                or not all(map(_float32, call.args[:2]))):
+            return None
+        (m, k), n = a[-2:], b[-1]
+        padded = (self.amx and amx_padded_rows(m)) or m, padded_to(k, BF16_PAIR), padded_to(n, BF16_LANES)
+        if None in padded:
             return None
         self.batched += 1
-        return self.builder_.call_te(bf16_matmul, call.args[0], call.args[1],
+        return self.builder_.call_te(bf16_matmul, call.args[0], call.args[1], "matmul_bf16", padded,
                                      primfunc_name_hint="bfloat_matmul", primfunc_attrs=_OUT_FUSABLE)
 
 
@@ -198,6 +203,13 @@ def _subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) 
         bf16_to_f32(a16[b, y, x, rc])
         * bf16_to_f32(packed[o // BF16_LANES, 0, 0, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
         axis=rc), name="conv_bf16")
+
+
+def padded_to(extent: int, multiple: int) -> Optional[int]:
+    """``extent`` rounded up to a multiple of ``multiple`` (an attention product's 197 columns: 208, its 197
+    reduction channels: 198), if that adds at most :data:`MAX_PADDED_ROWS`; else None."""
+    padded = -(-extent // multiple) * multiple
+    return padded if padded - extent <= MAX_PADDED_ROWS * extent else None
 
 
 def amx_padded_rows(rows: int) -> Optional[int]:
