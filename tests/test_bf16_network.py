@@ -110,6 +110,16 @@ def test_weights_are_rounded_and_packed_in_the_dot_products_layout():
     assert dense.shape == (2, 2, 16, 2) and dense[1, 1, 5, 0] == bits[0, 0, 2, 16 + 5]
 
 
+def test_measurement_draws_a_layers_packed_weight_as_bf16_numbers():
+    """Its bf16 bits hold values in [0.1, 1): small integers there would be denormals, which vdpbf16ps and
+    tdpbf16ps read as zero, so every candidate would fail its check against the fp32-computed reference."""
+    ex = extract(as_network(Dense, params_of(Dense)), PORTABLE, precision=BF16)
+    [task] = [t.task for t in ex.tasks if "bfloat" in t.name]
+    [bits] = [a for a in program.random_inputs(task) if a.dtype == np.uint16]
+    values = bf16_bits_to_f32(bits)
+    assert values.min() >= 0.099 and values.max() <= 1.0 and len(np.unique(values)) > 8  # 1: rounded up
+
+
 def test_a_dense_layer_computes_bf16_inputs_with_fp32_sums():
     params = params_of(Dense)
     ex, exe = default_build(Dense, params, PORTABLE)

@@ -26,13 +26,11 @@ from ..errors import TargetError
 from ..host_cpu import allow_amx, host_cpu
 from ..state.access import IterKind
 from ..state.loop_state import State
-from ..state.tensor_intrin import AMX_ROWS, BF16Intrin
+from ..state.tensor_intrin import AMX_ROWS, BF16_BITS, BF16Intrin
 from ..target import has_x86_feature, target_label
 from ..task.search_task import SearchTask
 from .rules import CPU_STRUCTURE, Cond, SketchRule, needs_multi_level_tiling, single_elementwise_consumer
 
-#: The dtype of a buffer of bf16 bits (TVM's own bfloat16 never reaches the unit: tensor_intrin says why).
-BF16_BITS = "uint16"
 
 
 def is_bf16_product(state: State, stage_id: int) -> bool:

@@ -43,6 +43,10 @@ from ..codegen import VDPBF16PS_PLACEHOLDER
 from .access import IterKind
 
 
+#: The dtype of a buffer of bf16 bits (TVM's own bfloat16 never reaches the units: the module notes say why).
+BF16_BITS = "uint16"
+
+
 def bf16_to_f32(bits: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """The fp32 value of bf16 ``bits`` (a ``uint16`` expression): the bits are an fp32's upper half."""
     return tvm.tirx.reinterpret("float32", bits.astype("uint32") << tvm.tirx.const(16, "uint32"))

@@ -16,6 +16,7 @@ import tvm
 from .. import codegen
 from ..state.layout_rewrite import PackedLayout, pack_arguments, packed_layouts
 from ..state.loop_state import State
+from ..state.tensor_intrin import BF16_BITS, round_to_bf16
 from .search_task import SearchTask
 from .timing import REPORT
 
@@ -61,12 +62,15 @@ def arg_specs(task: SearchTask) -> list[tuple[tuple[int, ...], str]]:
 
 
 def random_inputs(task: SearchTask, seed: int = 0) -> list[np.ndarray]:
-    """Random non-zero arrays for every argument (outputs included, as TVM wants every buffer)."""
+    """Random non-zero arrays for every argument (outputs included, as TVM wants every buffer): floats in
+    [0.1, 1), bf16 bits (``uint16``: a bf16 network's packed weights) of such floats, small integers (indices)."""
     rng = np.random.default_rng(seed)
     arrays = []
     for shape, dtype in arg_specs(task):
         if dtype.startswith("float"):
             arrays.append(rng.uniform(0.1, 1.0, size=shape).astype(dtype))
+        elif dtype == BF16_BITS:  # small integers here would be denormal bf16, which the bf16 units read as zero
+            arrays.append(round_to_bf16(rng.uniform(0.1, 1.0, size=shape).astype("float32")))
         else:
             arrays.append(rng.integers(1, 8, size=shape).astype(dtype))
     return arrays
