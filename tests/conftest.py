@@ -2,6 +2,8 @@
 machine to itself for every test marked ``timing`` when pytest-xdist runs tests side by side, and the longest
 modules collected first."""
 
+import atexit
+import contextlib
 import fcntl
 import itertools
 import os
@@ -14,6 +16,13 @@ import pytest
 # machine and pins the whole process to core 0; every process it starts later (its Ray, the scripts under
 # test) inherits that, so a worker of the suite ran the rest of its modules on one core. All cores instead.
 os.environ.setdefault("TVM_NUM_THREADS", str(psutil.cpu_count(logical=False) or os.cpu_count() or 1))
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
 # Under pytest-xdist each worker is a machine of its own to ansor's measurement lock (ansor/measure/host_lock.py):
 # with the machine's one lock a worker's timings waited on the others' builds (a 14 s test took 59 s; the first
 # pass 500 -> 477 s on 2 Zen 3 cores). Tests asserting on speeds run alone (``timing``, below).
@@ -21,6 +30,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "ANSOR_HOST_LOCK" not in os.environ
     os.environ["ANSOR_HOST_LOCK"] = os.path.join(
         tempfile.gettempdir(), f"ansor-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', '')}-"
                                f"{os.environ['PYTEST_XDIST_WORKER']}.measure.lock")
+    atexit.register(_remove, os.environ["ANSOR_HOST_LOCK"])
 
 
 #: Modules whose tests together take minutes (end-to-end tuning runs in subprocesses), longest first: collected

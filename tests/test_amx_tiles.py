@@ -20,6 +20,7 @@ import tvm
 import tvm_ffi
 from tvm import sym
 from tvm.tirx import analysis
+from tvm import relax
 from tvm.script import relax as R
 
 from ansor import codegen
@@ -329,14 +330,16 @@ def test_a_convolution_with_its_epilogue_fused_keeps_tiles_and_computes_the_laye
         assert ran.configurations < ran.products  # kept: once per parallel iteration
 
 
-@tvm.script.ir_module
-class Tokens:  # ViT-B/16's linear layers: 197 rows, a prime, padded to 208 for 16-row tiles
-    @R.function
-    def main(x: R.Tensor((1, 197, 64), "float32"), w: R.Tensor((64, 32), "float32"), b: R.Tensor((32,), "float32")):
-        with R.dataflow():
-            y = R.nn.relu(R.add(R.matmul(x, w), b))
-            R.output(y)
-        return y
+def dense_bias_relu(rows: int, k: int, n: int) -> tvm.IRModule:
+    """A network of one dense layer, ``[1, rows, k] x [k, n]``, with its bias and ReLU."""
+    bb = relax.BlockBuilder()
+    x, w, b = (relax.Var(name, relax.TensorType(shape, "float32"))
+               for name, shape in (("x", (1, rows, k)), ("w", (k, n)), ("b", (n,))))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.relu(relax.op.add(relax.op.matmul(x, w), b)))
+        bb.emit_func_output(y)
+    return bb.get()
 
 
 def test_a_dense_layer_of_197_rows_runs_on_tiles_of_its_rows_padded(emulator):
@@ -345,11 +348,11 @@ def test_a_dense_layer_of_197_rows_runs_on_tiles_of_its_rows_padded(emulator):
     rng = np.random.default_rng(0)
     params = {"w": rng.uniform(-0.5, 0.5, (64, 32)).astype("float32"),
               "b": rng.uniform(-0.5, 0.5, (32,)).astype("float32")}
-    ex = extract(as_network(Tokens, params), AMX, precision=Precision.BF16)
+    ex = extract(as_network(dense_bias_relu(197, 64, 32), params), AMX, precision=Precision.BF16)  # ViT's 197 rows
     [task] = [t.task for t in ex.tasks]
     assert "iters[v_i0:S1, v_i1:S208, v_i2:S32, v_k:R64]" in str(task.compute_dag)
-    sketches = [s for s in generate_sketches(task) if any(it.annotation == TENSORIZE + BF16Intrin.AMX_TILE_16x16x32.value
-                                                          for st in s.stages for it in st.iters)]
+    tile = TENSORIZE + BF16Intrin.AMX_TILE_16x16x32.value
+    sketches = [s for s in generate_sketches(task) if any(it.annotation == tile for st in s.stages for it in st.iters)]
     states = sample_initial_population(task, sketches, 3, random.Random(2))
     arrays = program.random_inputs(task)
     want = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
@@ -371,24 +374,34 @@ class StridedConv:  # ResNet's downsampling 3x3 convolution: stride 2, its input
         return y
 
 
-def test_a_strided_3x3_convolution_runs_on_tiles_over_its_input_in_phases(emulator):
-    """Its rows read every second pixel, no box a tile loads: for an AMX target A16 holds the input in 2 x 2
-    phases and the taps in 2 x 2 x (2 x 2) (7 of 16 zero). Its unscheduled program and its AMX programs, on
-    emulated tiles, compute numpy's strided convolution of the bf16-rounded input and weight."""
-    rng = np.random.default_rng(0)
+def strided_conv(seed: int):
+    """StridedConv's task for AMX, its arguments (random input and weight, the weight packed in phases) and
+    numpy's strided convolution of the rounded input and weight."""
+    rng = np.random.default_rng(seed)
     x, w = rng.random((1, 28, 28, 32), dtype=np.float32), rng.random((3, 3, 32, 32), dtype=np.float32)
-    ex = extract(as_network(StridedConv, {"w": w}), AMX, precision=Precision.BF16)
-    [task] = [t.task for t in ex.tasks]
-    assert "iters[v_b:S1, v_py:S2, v_px:S2, v_y:S15, v_x:S15, v_c:S32]" in str(task.compute_dag)
-    sketches = [s for s in generate_sketches(task) if any(it.annotation == TENSORIZE + BF16Intrin.AMX_TILE_14x16x32.value
-                                                          for st in s.stages for it in st.iters)]
+    [task] = [t.task for t in extract(as_network(StridedConv, {"w": w}), AMX, precision=Precision.BF16).tasks]
     arrays = [x, pack_weight(phase_weight(w, [2, 2])), np.zeros((1, 14, 14, 32), np.float32)]
     xp = np.pad(bf16_bits_to_f32(round_to_bf16(x)).astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
     wb = bf16_bits_to_f32(round_to_bf16(w)).astype(np.float64)
-    want = sum(xp[:, kh:kh + 28:2, kw:kw + 28:2, :] @ wb[kh, kw] for kh in range(3) for kw in range(3))
+    return task, arrays, sum(xp[:, kh:kh + 28:2, kw:kw + 28:2, :] @ wb[kh, kw] for kh in range(3) for kw in range(3))
+
+
+def test_a_strided_3x3_convolution_in_phases_computes_the_convolution():
+    """The AMX form of a stride-2 3x3 convolution, A16 its input in 2 x 2 phases and the taps 2 x 2 x (2 x 2)
+    (7 of 16 zero), as its unscheduled program runs on this CPU, against numpy."""
+    task, arrays, want = strided_conv(7)
+    assert "iters[v_b:S1, v_py:S2, v_px:S2, v_y:S15, v_x:S15, v_c:S32]" in str(task.compute_dag)
     plain = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
                                 arrays)[-1]
     assert np.abs(plain - want).max() <= 288 * 2.0 ** -23 * want.max()
+
+
+def test_a_strided_3x3_convolution_runs_on_tiles_over_its_input_in_phases(emulator):
+    """Its rows read every second pixel, no box a tile loads: in phases they are. Its AMX programs, on emulated
+    tiles, compute numpy's strided convolution of the bf16-rounded input and weight."""
+    task, arrays, want = strided_conv(0)
+    tile = TENSORIZE + BF16Intrin.AMX_TILE_14x16x32.value
+    sketches = [s for s in generate_sketches(task) if any(it.annotation == tile for st in s.stages for it in st.iters)]
     for mod in lowered_kernels(task, sample_initial_population(task, sketches, 3, random.Random(3))):
         got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
         assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * want.max()  # the fp32 sums' order

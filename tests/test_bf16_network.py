@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 import tvm
+from tvm import relax
 from tvm.script import relax as R
 
 import ansor
@@ -28,7 +29,7 @@ from ansor.cli.logs import log_name, network_from_log_name, precision_from_log_n
 from ansor.host_cpu import MatrixUnit, allow_amx, host_cpu
 from ansor.log.records import load_records
 from ansor.networks import NetworkError, apply_history_best, apply_schedules, build, compare_outputs, extract
-from ansor.networks.bf16 import BF16_BUILD_RTOL, amx_padded_rows, pack_weight
+from ansor.networks.bf16 import BF16_BUILD_RTOL, amx_padded_rows, pack_weight, padded_to
 from ansor.networks.default_schedule import default_state
 from ansor.networks.evaluate import run
 from ansor.relax import as_network, export_network, tune_tasks
@@ -151,49 +152,35 @@ def test_a_bf16_product_takes_its_epilogue_under_an_output_tile():
         assert np.abs(got - want).max() <= 32 * 2.0 ** -23 * np.abs(want).max()  # only the fp32 sums' order
 
 
-@tvm.script.ir_module
-class Attention:  # a product of two activations, as attention's Q K^T and P V
-    @R.function
-    def main(q: R.Tensor((2, 8, 32), "float32"), k: R.Tensor((2, 32, 48), "float32")):
-        with R.dataflow():
-            y = R.matmul(q, k)
-            R.output(y)
-        return y
+def product_of_two(q: tuple[int, ...], k: tuple[int, ...]) -> tvm.IRModule:
+    """A network that is one matmul of its two inputs, as attention's Q K^T and P V."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (("q", q), ("k", k))]
+    with bb.function("main", args):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(*args))
+        bb.emit_func_output(y)
+    return bb.get()
 
 
-def test_a_product_of_two_activations_rounds_both_in_the_kernel():
-    ex, exe = default_build(Attention, {}, PORTABLE)
+#: Products of two activations: one that fits the bf16 units as it is, and one (ViT's attention products have 197
+#: columns and a reduction of 197) whose odd reduction and 30 columns are padded with zeros, then cut back.
+ATTENTION, ODD_ATTENTION = product_of_two((2, 8, 32), (2, 32, 48)), product_of_two((2, 9, 13), (2, 13, 30))
+
+
+@pytest.mark.parametrize("layer, padded", [(ATTENTION, None), (ODD_ATTENTION, "v_i2:S32, v_k:R14]")])
+def test_a_product_of_two_activations_rounds_both_in_the_kernel(layer, padded):
+    """The odd one's product runs on operands padded with zeros (14 channels, 32 columns), its output cut back."""
+    ex, exe = default_build(layer, {}, PORTABLE)
     [task] = ex.tasks
     assert "bfloat_matmul" in task.name and tensorized(default_state(task.task))
+    assert padded is None or padded in str(task.task.compute_dag)
     rng = np.random.default_rng(3)
-    q, k = rng.uniform(-1, 1, (2, 8, 32)).astype(np.float32), rng.uniform(-1, 1, (2, 32, 48)).astype(np.float32)
+    q, k = (rng.uniform(-1, 1, [int(d) for d in v.ty.shape.values]).astype(np.float32) for v in layer["main"].params)
     [got] = run(exe, ex.network, [q, k], PORTABLE)
     want = bf16(q) @ bf16(k)
-    assert np.abs(got - want).max() <= 32 * 2.0 ** -23 * np.abs(want).max()
+    assert got.shape == want.shape and np.abs(got - want).max() <= 32 * 2.0 ** -23 * np.abs(want).max()
     assert np.abs(got - q.astype(np.float64) @ k).max() > 1e-4
-
-
-@tvm.script.ir_module
-class OddAttention:  # ViT's attention products have 197 columns and a reduction of 197: padded, then sliced
-    @R.function
-    def main(q: R.Tensor((2, 9, 13), "float32"), k: R.Tensor((2, 13, 30), "float32")):
-        with R.dataflow():
-            y = R.matmul(q, k)
-            R.output(y)
-        return y
-
-
-def test_a_product_whose_reduction_is_odd_and_columns_not_16s_is_padded_with_zeros():
-    ex, exe = default_build(OddAttention, {}, PORTABLE)
-    [task] = ex.tasks
-    assert "bfloat_matmul" in task.name
-    dag = str(task.task.compute_dag)
-    assert "iters[v_i0:S2, v_i1:S9, v_i2:S14]" in dag and "v_i2:S32, v_k:R14]" in dag  # A16, the product
-    rng = np.random.default_rng(5)
-    q, k = rng.uniform(-1, 1, (2, 9, 13)).astype(np.float32), rng.uniform(-1, 1, (2, 13, 30)).astype(np.float32)
-    [got] = run(exe, ex.network, [q, k], PORTABLE)
-    want = bf16(q) @ bf16(k)
-    assert got.shape == (2, 9, 30) and np.abs(got - want).max() <= 14 * 2.0 ** -23 * np.abs(want).max()
 
 
 def test_a_strided_padded_convolution_computes_bf16_inputs():
@@ -240,6 +227,21 @@ def test_dense_rows_no_tile_divides_are_padded_for_amx_within_an_eighth():
     assert amx_padded_rows(50) == 56  # 4 tiles of 14, where 64 rows would add 28 %
     assert amx_padded_rows(56) is None and amx_padded_rows(49) is None  # tiles of 14 and 7 divide them
     assert amx_padded_rows(17) is None  # 32 (or 21 in tiles of 7) would add more than an eighth
+    assert padded_to(197, 16) == 208 and padded_to(197, 2) == 198 and padded_to(8, 16) is None  # 8 -> 16: +100 %
+
+
+def test_an_amx_target_pads_a_products_rows_columns_and_reduction_and_cuts_the_output_back():
+    """For AMX a product of 50 rows (no tile's rows divide them) runs on 56 x 14 x 32, zeros past 50 x 13 x 30 (4
+    tiles of 14 rows); its unscheduled program computes numpy's bf16 product, on this CPU."""
+    tall = product_of_two((1, 50, 13), (1, 13, 30))
+    [task] = [t.task for t in extract(as_network(tall, {}), AMX, precision=BF16).tasks]
+    assert "v_i1:S56, v_i2:S32, v_k:R14]" in str(task.compute_dag)
+    rng = np.random.default_rng(6)
+    q, k = rng.uniform(0, 1, (1, 50, 13)).astype(np.float32), rng.uniform(0, 1, (1, 13, 30)).astype(np.float32)
+    plain = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
+                                [q, k, np.zeros((1, 50, 30), np.float32)])[-1]
+    want = bf16(q) @ bf16(k)
+    assert np.abs(plain - want).max() <= 14 * 2.0 ** -23 * want.max()
 
 
 def test_a_network_keeps_fp32_where_the_unit_does_not_fit_and_stays_near_fp32():

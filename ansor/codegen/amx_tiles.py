@@ -4,7 +4,8 @@ registers across the reduction, up to four of them side by side. A rewrite of th
 
 The tile product intrinsic (``tile_16x16x32`` of :mod:`ansor.state.tensor_intrin`, or one of fewer rows) is
 one self-contained call: it fills a 64-byte tile configuration and loads it (``ldtilecfg``), loads the
-accumulator tile C (tile 0), A (1 or 4) and B (2 or 6), multiplies (``tdpbf16ps``) and stores C back. That is correct wherever TensorIR
+accumulator tile C (tile 0), A (1 or 4) and B (2 or 6), multiplies (``tdpbf16ps``) and stores C back. That
+is correct wherever TensorIR
 places the call, but each 16x16x32 product (16 K flops) then moves the configuration and C's 1 KB through
 memory twice, and TensorIR has no way to say that a value lives in a tile register between two calls. So,
 on the lowered kernel:
@@ -44,10 +45,11 @@ ACCUMULATOR = 0
 #: AMX's tile registers, each configured here as rows of 64 bytes: 16 rows, or for a tile product of M
 #: rows, M rows but for the last two (B's 16 k pairs).
 TILE_REGISTERS = 8
-#: A and B tiles of a product of fewer than 16 rows (``tensor_intrin.AMX_SHAPED_TILES``), merged: each takes
-#: a register of its own shape.
-_SHAPED_POOLS = {4: (4, 5), 6: (6, 7)}
-_DOT_TILES = ((0, 1, 2), (0, 4, 6))  # the intrinsics' (C, A, B)
+#: The tile registers (C, A, B) of the 16-row tile product, and of one of fewer rows, where each register
+#: keeps one shape: tiles 0-5 of M rows (accumulators 0-3, A 4-5), 6 and 7 of B's 16 k pairs.
+TILES, SHAPED_TILES = (0, 1, 2), (0, 4, 6)
+#: Merged products of fewer rows take their A and B tiles from these registers.
+_SHAPED_POOLS = {SHAPED_TILES[1]: (4, 5), SHAPED_TILES[2]: (6, 7)}
 #: Accumulators updated side by side in one reduction loop: oneDNN's AMX kernel keeps 4 (2 x 2 output
 #: tiles), so that each A and B tile loaded serves two products; the other 4 registers hold them.
 MAX_ACCUMULATORS = 4
@@ -346,7 +348,7 @@ class _Residency:
         if not calls or not (looped or all(isinstance(x, tvm.tirx.Bind) or tile_call(x) for x in body)):
             return None
         if any(c.op in (TileOp.CONFIG, TileOp.STORE) or c.tile == ACCUMULATOR
-               or c.op is TileOp.DOT and tuple(int(x) for x in c.args) not in _DOT_TILES for c in calls):
+               or c.op is TileOp.DOT and tuple(int(x) for x in c.args) not in (TILES, SHAPED_TILES) for c in calls):
             return None
         return _Block(items[start:k], load, body, store), end + 1
 

@@ -14,8 +14,9 @@ leading dimensions) rounds and packs both operands in the kernel instead (``A16`
 ``K x N`` conversions a call, as the ``bf16-matmul-*`` workloads do), padded with zeros to whole k pairs and
 16-column groups (ViT's 197 tokens: 198 and 208; :func:`padded_to`), the output sliced back.
 
-For a target with AMX, a dense layer's rows that no tile's rows divide (ViT's 197 tokens) are padded to a
-multiple of 16 (:func:`amx_padded_rows`): the product runs on 208 rows, the output is its first 197; and a
+For a target with AMX, the rows of a dense layer or of a product of two activations that no tile's rows
+divide (ViT's 197 tokens) are padded to the multiple of a tile's rows that takes the fewest tiles
+(:func:`amx_padded_rows`): the product runs on 208 rows, the output is its first 197; and a
 strided convolution reads its input in phases (:func:`_phased_conv_product`), so that a row of its outputs
 reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads).
 
@@ -34,7 +35,7 @@ import tvm
 from tvm import relax, te
 
 from ..state.tensor_intrin import AMX_ROWS, bf16_bits, bf16_to_f32, round_to_bf16
-from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul, bf16_rounded
+from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul, bf16_rounded, unpadded
 from .calls import mutate_relax_functions
 from .conv_rewrite import bound_constant, ungrouped_nhwc
 
@@ -59,14 +60,14 @@ _OUT_FUSABLE = {"op_pattern": 4}
 
 def use_bf16(mod: tvm.IRModule, amx: bool = False) -> tvm.IRModule:
     """``mod`` with every eligible convolution and dense layer computed in bf16 (see the module notes);
-    ``amx``: for a target with AMX tiles, a dense layer's rows are padded where no tile's rows divide them
-    (:func:`amx_padded_rows`)."""
+    ``amx``: for a target with AMX tiles (rows padded where no tile's rows divide them, strided
+    convolutions in phases: the module notes)."""
     mutator = _BF16Products(mod, amx)
     mod = mutate_relax_functions(mutator)
     logger.info("bf16: %d convolutions, %d dense layers and %d products of two activations take bf16 inputs; "
                 "%d products stay fp32 (grouped, not NHWC, not float32, output channels not a multiple of %d, an "
-                "odd reduction, or broadcast operands)", mutator.convs, mutator.denses, mutator.batched,
-                mutator.kept, BF16_LANES)
+                "odd reduction, broadcast operands, or padding over %.0f %%)", mutator.convs, mutator.denses,
+                mutator.batched, mutator.kept, BF16_LANES, 100 * MAX_PADDED_ROWS)
     return mod
 
 
@@ -126,7 +127,8 @@ class _BF16Products(relax.PyExprMutator):
         self.convs += 1
         strides, padding = [int(s) for s in a.strides], [int(p) for p in a.padding]
         dilation = [int(d) for d in a.dilation]
-        if self.amx and phased(weight.shape[:2], strides, dilation):
+        width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
+        if self.amx and phased(weight.shape[:2], strides, dilation, width):
             return self.builder_.call_te(
                 _phased_conv_product, call.args[0], relax.const(pack_weight(phase_weight(weight, strides)), "uint16"),
                 weight.shape[:2], strides, padding, primfunc_name_hint="bfloat_conv2d", primfunc_attrs=_OUT_FUSABLE)
@@ -142,8 +144,10 @@ class _BF16Products(relax.PyExprMutator):
             return None
         self.denses += 1
         rows = shape[-2] if len(shape) > 1 else 1
+        # Rows of several leading dimensions become one (networks.flatten): padding the last would stop that.
+        alone = int(np.prod(shape[:-1])) == rows
         return self.builder_.call_te(_dense_product, data, relax.const(pack_weight(weight), "uint16"),
-                                     (self.amx and amx_padded_rows(rows)) or rows,
+                                     (self.amx and alone and amx_padded_rows(rows)) or rows,
                                      primfunc_name_hint="bfloat_dense", primfunc_attrs=_OUT_FUSABLE)
 
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
@@ -213,10 +217,10 @@ def padded_to(extent: int, multiple: int) -> Optional[int]:
 
 
 def amx_padded_rows(rows: int) -> Optional[int]:
-    """The rows a dense layer of ``rows`` rows computes on a target with AMX, where no tile's rows
-    (``AMX_ROWS``) divide them: the next multiple of a tile's rows that adds at most :data:`MAX_PADDED_ROWS`,
-    in the fewest tiles (ViT's 197 tokens, a prime: 208, 13 tiles of 16; 50 rows: 56, 4 of 14); None where
-    a tile fits or padding would cost more."""
+    """The rows a product of ``rows`` rows computes on a target with AMX, where no tile's rows (``AMX_ROWS``)
+    divide them: the next multiple of a tile's rows that adds at most :data:`MAX_PADDED_ROWS`, in the fewest
+    tiles (ViT's 197 tokens, a prime: 208, 13 tiles of 16; 50 rows: 56, 4 of 14); None where a tile fits,
+    padding would cost more, or there are fewer than 16 (a handful of rows is not worth a tile)."""
     if rows < 16 or any(rows % m == 0 for m in AMX_ROWS):
         return None
     options = [(-(-rows // m), -m, -(-rows // m) * m) for m in AMX_ROWS]
@@ -224,10 +228,14 @@ def amx_padded_rows(rows: int) -> Optional[int]:
     return min(fits)[2] if fits else None
 
 
-def phased(taps: tuple[int, ...], strides: list[int], dilation: list[int]) -> bool:
-    """Whether a strided convolution takes its AMX form (:func:`_phased_conv_product`): taps wider than the
-    stride (a 1x1 one gathers its pixels instead) and at most :data:`MAX_PHASE_WASTE` products more."""
+def phased(taps: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> bool:
+    """Whether a strided convolution of a ``width``-pixel padded input takes its AMX form
+    (:func:`_phased_conv_product`): taps wider than the stride (a 1x1 one gathers its pixels instead), at most
+    :data:`MAX_PHASE_WASTE` products more, and output rows a tile's rows divide (Inception's 17 do not: that
+    form would only add products to ``vdpbf16ps``)."""
     if list(dilation) != [1, 1] or list(strides) == [1, 1] or all(k <= s for k, s in zip(taps, strides)):
+        return False
+    if all(((width - taps[1]) // strides[1] + 1) % m for m in AMX_ROWS):
         return False
     return np.prod([-(-k // s) * s / k for k, s in zip(taps, strides)]) <= MAX_PHASE_WASTE
 
@@ -272,20 +280,13 @@ def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, in
 
 def _dense_product(data: te.Tensor, packed: te.Tensor, rows: int) -> te.Tensor:
     """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight, on ``rows``
-    rows: more than ``data`` has pads it with zero rows, computed and never read (the output is a slice)."""
+    rows: more than ``data`` has pads it with zero rows, computed and never read (the output is cut back)."""
     *lead, k = (int(d) for d in data.shape)
-    padded = bool(lead) and rows > lead[-1]
-    if padded:
-        a16 = te.compute((*lead[:-1], rows, k), lambda *i: bf16_bits(tvm.tirx.if_then_else(
-            i[-2] < lead[-1], data(*i), tvm.tirx.const(0, "float32"))), name="A16")
-    else:
-        a16 = bf16_rounded(data)
+    padded = [*lead[:-1], rows] if lead else []
+    a16 = bf16_rounded(data, (*padded, k))
     r = te.reduce_axis((0, k), name="k")
-    out = (*lead[:-1], rows, packed.shape[0] * BF16_LANES) if padded else (*lead, packed.shape[0] * BF16_LANES)
-    product = te.compute(out, lambda *i: te.sum(
+    product = te.compute((*padded, packed.shape[0] * BF16_LANES), lambda *i: te.sum(
         bf16_to_f32(a16(*i[:-1], r))
         * bf16_to_f32(packed[i[-1] // BF16_LANES, r // BF16_PAIR, i[-1] % BF16_LANES, r % BF16_PAIR]),
         axis=r), name="dense_bf16")
-    if not padded:
-        return product
-    return te.compute((*lead, out[-1]), lambda *i: product(*i), name="dense_rows")
+    return unpadded(product, (*lead, packed.shape[0] * BF16_LANES), "dense_bf16_unpadded")

@@ -24,7 +24,8 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from ..errors import AnsorError, short_message
 from ..task.precision import Precision
 from ..task.search_task import SearchTask
-from ..target import device_kind, hardware_params, has_x86_feature, parse_target
+from ..sketch.tensor_rules import has_amx
+from ..target import device_kind, hardware_params, parse_target
 from .bf16 import BF16_BUILD_RTOL
 from .calls import CALL_TIR_OPS
 from .flatten import flatten_rows, is_reshape
@@ -198,7 +199,7 @@ def extract(network: Network, target: Union[str, dict, tvm.target.Target, None] 
     if device_kind(target).prepare_network:
         network = prepare(network, layout=layout, winograd=winograd, fast_math=fast_math,
                           vector_bytes=hardware_params(target).vector_unit_bytes, precision=precision,
-                          amx=has_x86_feature(target, "amx-tile") and has_x86_feature(target, "amx-bf16"))
+                          amx=has_amx(target))
     mod = fuse(network.mod, target)
     counts, n_outputs = call_counts(mod)
     groups: dict[int, list[tuple[str, tvm.tirx.PrimFunc]]] = {}

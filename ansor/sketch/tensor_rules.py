@@ -32,7 +32,6 @@ from ..task.search_task import SearchTask
 from .rules import CPU_STRUCTURE, Cond, SketchRule, needs_multi_level_tiling, single_elementwise_consumer
 
 
-
 def is_bf16_product(state: State, stage_id: int) -> bool:
     """A reduction whose every read is a buffer of bf16 bits."""
     stage = state.stages[stage_id]

@@ -23,7 +23,7 @@ Layouts (the weight is packed into them at build time; the activations are read 
   C in their registers across the kernel's loops. ``tile_Mx16x32`` for M in :data:`AMX_ROWS` is the same
   product on M rows of A and C (a tile configured with M rows): a convolution's 56, 28, 14 or 7 output
   pixels a row fill tiles of 14 or 7 rows, where 16 rows divide none of them. Those intrinsics hold C in
-  tile 0, A in tile 4 and B in tile 6 (:data:`AMX_OPERAND_TILES`), so that every tile register keeps one
+  tile 0, A in tile 4 and B in tile 6 (``amx_tiles.SHAPED_TILES``), so that every tile register keeps one
   shape in a kernel whose products codegen runs side by side (A tiles M rows, B tiles 16).
 """
 
@@ -39,7 +39,7 @@ import tvm
 from tvm.script import tirx as T
 from tvm.s_tir import TensorIntrin
 
-from ..codegen import VDPBF16PS_PLACEHOLDER
+from ..codegen import VDPBF16PS_PLACEHOLDER, amx_tiles
 from .access import IterKind
 
 
@@ -111,15 +111,13 @@ AMX_ROWS = (16, 14, 12, 8, 7)
 _AMX_ROWS_OF = {BF16Intrin[f"AMX_TILE_{m}x16x32"]: m for m in AMX_ROWS}
 _LOOPS.update({intrin: ((m, IterKind.SPATIAL), (16, IterKind.SPATIAL), (32, IterKind.REDUCE))
                for intrin, m in _AMX_ROWS_OF.items()})
-#: The tile registers (C, A, B) of the 16-row tile product. Fewer rows take :data:`AMX_SHAPED_TILES`, where
-#: each register keeps one shape (codegen's configuration: tiles 0-5 of M rows, 6 and 7 of B's 16 k pairs).
-AMX_TILES = (0, 1, 2)
-AMX_SHAPED_TILES = (0, 4, 6)
 
 
 def amx_tiles_of(rows: int) -> tuple[int, int, int]:
-    """The tile registers (C, A, B) of the tile product on ``rows`` rows."""
-    return AMX_TILES if rows == 16 else AMX_SHAPED_TILES
+    """The tile registers (C, A, B) of the tile product on ``rows`` rows (codegen's rewrite configures them)."""
+    return amx_tiles.TILES if rows == 16 else amx_tiles.SHAPED_TILES
+
+
 #: An iterator annotated ``tensorize:<name>`` heads the loops intrinsic ``name`` replaces (a ``TZ`` step).
 TENSORIZE = "tensorize:"
 

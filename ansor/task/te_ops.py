@@ -110,9 +110,25 @@ def softmax_stages(x: te.Tensor, names: Sequence[str], exp: Callable = te.exp) -
     )
 
 
-def bf16_rounded(data: te.Tensor) -> te.Tensor:
-    """``A16``: ``data`` rounded to bf16 bits (``uint16``) at the kernel's load."""
-    return te.compute(data.shape, lambda *i: bf16_bits(data(*i)), name="A16")
+def bf16_rounded(data: te.Tensor, shape: Optional[Sequence[int]] = None) -> te.Tensor:
+    """``A16``: ``data`` rounded to bf16 bits (``uint16``) at the kernel's load; on a larger ``shape``, zeros
+    past ``data``'s extents (a product padded to whole tiles, k pairs or 16-column groups)."""
+    extents = [int(d) for d in data.shape]
+    shape = list(shape or extents)
+
+    def bits(*i):
+        inside = [c < e for c, e, p in zip(i, extents, shape) if p != e]
+        value = data(*i)
+        return bf16_bits(tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0, "float32"))
+                         if inside else value)
+    return te.compute(shape, bits, name="A16")
+
+
+def unpadded(product: te.Tensor, shape: Sequence[int], name: str) -> te.Tensor:
+    """``product``'s first ``shape`` elements (an identity where it has that shape already)."""
+    if [int(d) for d in product.shape] == list(shape):
+        return product
+    return te.compute(shape, lambda *i: product(*i), name=name)
 
 
 def bf16_matmul(a: te.Tensor, b: te.Tensor, name: str = "matmul_bf16",
@@ -120,32 +136,26 @@ def bf16_matmul(a: te.Tensor, b: te.Tensor, name: str = "matmul_bf16",
     """``a @ b`` over the last two axes in bf16: both operands rounded in the kernel, ``a`` as ``A16`` and ``b``
     as ``B16``, packed in the k pairs of 16 columns the bf16 dot product reads; products and sums in fp32.
     ``extents`` (rows, k, n), at least ``a``'s and ``b``'s: the product on operands padded with zeros to them
-    (whole k pairs and 16-column groups; rows for AMX tiles), its output then sliced back (``name`` + "_rows")."""
+    (whole k pairs and 16-column groups; rows for AMX tiles), its output then cut back (``name`` + "_unpadded")."""
     *lead, k0, n0 = (int(d) for d in b.shape)
     m0 = int(a.shape[-2])
     m, k, n = extents or (m0, k0, n0)
-    zero = tvm.tirx.const(0, "float32")
-
-    def a_bits(*i):
-        inside = [c < e for c, e in zip(i[-2:], (m0, k0)) if (m, k) != (m0, k0)]
-        return bf16_bits(tvm.tirx.if_then_else(tvm.tirx.all(*inside), a(*i), zero) if inside else a(*i))
+    a16 = bf16_rounded(a, (*lead, m, k))
 
     def b_bits(*i):
         kk, nn = i[-3] * BF16_PAIR + i[-1], i[-4] * BF16_LANES + i[-2]
-        value = b(*i[:-4], kk, nn)
         inside = [c < e for c, e, p in ((kk, k0, k), (nn, n0, n)) if p != e]
-        return bf16_bits(tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, zero) if inside else value)
+        value = b(*i[:-4], kk, nn)
+        return bf16_bits(tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0, "float32"))
+                         if inside else value)
 
-    a16 = te.compute((*lead, m, k), a_bits, name="A16")
     b16 = te.compute((*lead, n // BF16_LANES, k // BF16_PAIR, BF16_LANES, BF16_PAIR), b_bits, name="B16")
     r = te.reduce_axis((0, k), name="k")
     product = te.compute((*lead, m, n), lambda *i: te.sum(
         bf16_to_f32(a16(*i[:-1], r)) * bf16_to_f32(
             b16(*i[:-2], i[-1] // BF16_LANES, r // BF16_PAIR, i[-1] % BF16_LANES, r % BF16_PAIR)),
         axis=r), name=name)
-    if (m, n) == (m0, n0):
-        return product
-    return te.compute((*lead, m0, n0), lambda *i: product(*i), name=name + "_rows")
+    return unpadded(product, (*lead, m0, n0), name + "_unpadded")
 
 
 def matmul_stage(a: te.Tensor, b: te.Tensor, name: str = "C") -> te.Tensor:

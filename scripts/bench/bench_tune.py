@@ -194,9 +194,13 @@ def main() -> int:
         except AnsorError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        if not all(w.startswith("matmul-") for w in workloads):
-            print(f"error: --precision bf16 compares matmuls (matmul-N, matmul-MxNxK); got {' '.join(workloads)}",
-                  file=sys.stderr)
+        from ansor.task.precision import Precision, workload_in
+        from ansor.task.search_task import SearchTask
+        try:  # every workload's bf16 form, before anything is timed
+            for wkl in workloads:
+                SearchTask.from_workload(workload_in(wkl, Precision.BF16))
+        except AnsorError as err:
+            print(f"error: {err}", file=sys.stderr)
             return 2
     threads = int(target.attrs["num-cores"])
     os.environ["TVM_NUM_THREADS"] = str(threads)
@@ -211,7 +215,7 @@ def main() -> int:
             rows.append(time_torch_bf16(wkl, threads))
         for trials in args.trials:
             ours = functools.partial(time_ours, cold=args.cold_tuning)
-            tuned = f"bf16-{wkl}" if bf16 else wkl
+            tuned = workload_in(wkl, Precision.BF16) if bf16 else wkl
             contenders = [("ansor", ours)] + ([] if args.skip_metaschedule or bf16 else [("metaschedule",
                                                                                               time_metaschedule)])
             runs: dict[str, list[tuple[float, float, str]]] = {name: [] for name, _ in contenders}
@@ -233,8 +237,8 @@ def main() -> int:
           f"{other:>9}{'wall s':>8}  note")
     for r in rows:
         numpy = next((x.gflops for x in rows if x.workload == r.workload and x.contender == "numpy"), float("nan"))
-        peer = next((x.gflops for x in rows if x.workload == r.workload and x.contender in ("metaschedule", "pytorch bf16")
-                     and x.trials in (0, r.trials) and x is not r), float("nan"))
+        peer = next((x.gflops for x in rows if x.workload == r.workload and x is not r
+                     and x.contender in ("metaschedule", "pytorch bf16") and x.trials in (0, r.trials)), float("nan"))
         ceiling = peak.bf16_gflops if "bf16" in r.contender else peak.gflops  # 0: the probe could not run
         print(f"{r.workload:<20}{r.trials:>7} {r.contender:<14}{r.gflops:>9.1f}{ratio(r.gflops, ceiling):>9.2f}"
               f"{ratio(r.gflops, numpy):>9.2f}{ratio(r.gflops, peer):>9.2f}{r.wall_s:>8.1f}  {r.note}")
