@@ -24,8 +24,9 @@ from tvm import relax
 from tvm.script import relax as R
 
 from ansor import codegen
-from ansor.codegen import amx_tiles
-from ansor.codegen.amx_tiles import TileOp, keep_tiles_in, tile_call
+from ansor.codegen import amx_tiles, tile_ir
+from ansor.codegen.amx_tiles import keep_tiles_in
+from ansor.codegen.tile_ir import TileOp, tile_call
 from ansor.measure.check import bf16_tolerance
 from ansor.networks import extract
 from ansor.networks.bf16 import pack_weight, phase_weight
@@ -112,7 +113,7 @@ def executed(mod: tvm.IRModule) -> Counter:
             return
         if isinstance(stmt, tvm.tirx.For):
             times *= int(stmt.extent)
-        for child in amx_tiles.children_of(stmt):
+        for child in tile_ir.children_of(stmt):
             walk(child, times)
     for func in mod.functions.values():
         walk(func.body, 1)
@@ -172,7 +173,7 @@ def kept_in_order(items: list) -> list:
     """What the accumulator rewrite makes of a run of unrolled blocks, as (op, tiles) in order."""
     out = amx_tiles._Residency().stmt(tvm.tirx.SeqStmt(items))
     return [(c.op, tuple(int(a) for a in c.args if isinstance(a, tvm.tirx.IntImm) and str(a.ty) == "int8"))
-            for c in amx_tiles._calls(out)], out
+            for c in tile_ir.calls_in(out)], out
 
 
 def test_blocks_are_not_merged_where_that_would_change_the_result():
@@ -203,13 +204,13 @@ def test_blocks_are_not_merged_where_that_would_change_the_result():
     assert {v.name for v in analysis.undefined_vars(out, [f])} <= {"C", "A16", "B16"}
     # Output tiles provably apart only in one buffer and in bytes: 32 bytes apart in a byte buffer overlap.
     W = tvm.tirx.decl_buffer((65536,), "uint8", name="W")
-    at = [amx_tiles.tile_call(load(0, W, f * 0 + i, 256)) for i in (0, 32, 64)]
+    at = [tile_call(load(0, W, f * 0 + i, 256)) for i in (0, 32, 64)]
     assert not amx_tiles._disjoint(at[0], at[1], sym.Analyzer()) and amx_tiles._disjoint(at[0], at[2], sym.Analyzer())
     # Output tiles 14 rows of a 256-byte stride apart: apart as tiles of 14 rows, overlapping as tiles of 16.
-    below = [amx_tiles.tile_call(load(0, C, f * 0 + i, 256)) for i in (0, 14 * 64)]
+    below = [tile_call(load(0, C, f * 0 + i, 256)) for i in (0, 14 * 64)]
     assert amx_tiles._disjoint(*below, sym.Analyzer(), rows=14) and not amx_tiles._disjoint(*below, sym.Analyzer())
     view = tvm.tirx.decl_buffer((64, 64), "float32", name="C", data=C.data)
-    c0, c1 = (amx_tiles.tile_call(x) for x in (load(0, C, f * 0, 256), load(0, view, (f * 0, f * 0 + 16), 256)))
+    c0, c1 = (tile_call(x) for x in (load(0, C, f * 0, 256), load(0, view, (f * 0, f * 0 + 16), 256)))
     assert not amx_tiles._disjoint(c0, c1, sym.Analyzer())  # two buffers over one memory: not provably apart
 
 
@@ -246,8 +247,8 @@ def emulated(mod: tvm.IRModule) -> tvm.runtime.Module:
         if call is not None:
             name = "ansor_emu_" + call.op.value.rsplit(".", 1)[1]
             return tvm.tirx.Evaluate(tvm.tirx.call_extern("int32", name, *call.args))
-        children = amx_tiles.children_of(stmt)
-        return amx_tiles.rebuild(stmt, [rewrite(c) for c in children]) if children else stmt
+        children = tile_ir.children_of(stmt)
+        return tile_ir.rebuild(stmt, [rewrite(c) for c in children]) if children else stmt
     host = tvm.target.Target("llvm")
     out = tvm.IRModule({gv: f.with_body(rewrite(f.body)).with_attr("target", host)
                         for gv, f in mod.functions.items()})

@@ -25,21 +25,21 @@ A kernel whose tile instructions come in any other shape is left as it is (each 
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
-import threading
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Optional
 
 import tvm
 from tvm import sym
-from tvm.tirx import analysis
+
+from .tile_ir import (
+    TileCall, TileOp, Unexpected, calls_in, children_of, const_int, evaluate, free_vars, is_op, items_of, memo,
+    memoizing, pure, rebuild, seq, statements, tile_call, with_body,
+)
 
 logger = logging.getLogger("ansor")
 
-_LLVM_INTRIN = "tirx.call_llvm_intrin"
 #: The tile the intrinsic accumulates in (A and B: tiles 1 and 2, or 4 and 6 for fewer than 16 rows).
 ACCUMULATOR = 0
 #: AMX's tile registers, each configured here as rows of 64 bytes: 16 rows, or for a tile product of M
@@ -55,110 +55,6 @@ _SHAPED_POOLS = {SHAPED_TILES[1]: (4, 5), SHAPED_TILES[2]: (6, 7)}
 MAX_ACCUMULATORS = 4
 
 
-class TileOp(enum.Enum):
-    """The AMX instructions the tile product intrinsic calls, by their LLVM names."""
-
-    CONFIG = "llvm.x86.ldtilecfg"
-    LOAD = "llvm.x86.tileloadd64"
-    STORE = "llvm.x86.tilestored64"
-    DOT = "llvm.x86.tdpbf16ps"
-
-
-@lru_cache(maxsize=None)
-def _op_ids() -> dict[int, TileOp]:
-    return {int(tvm.target.codegen.llvm_lookup_intrinsic_id(op.value)): op for op in TileOp}
-
-
-class _Unexpected(Exception):
-    """The kernel's tile instructions are not in a shape the rewrite knows: compile it unchanged."""
-
-
-@dataclass(frozen=True)
-class _Call:
-    op: TileOp
-    args: tuple  # the LLVM intrinsic's operands
-
-    @property
-    def tile(self) -> Optional[int]:
-        """The tile a load or store moves."""
-        return int(self.args[0]) if self.op in (TileOp.LOAD, TileOp.STORE) else None
-
-
-def tile_call(stmt: tvm.tirx.Stmt) -> Optional[_Call]:
-    """The AMX instruction ``stmt`` is, if it is one."""
-    if not isinstance(stmt, tvm.tirx.Evaluate) or not isinstance(stmt.value, tvm.ir.Call):
-        return None
-    call = stmt.value
-    if call.op.name != _LLVM_INTRIN or not isinstance(call.args[0], tvm.tirx.IntImm):
-        return None
-    op = _op_ids().get(int(call.args[0].value))
-    return None if op is None else _Call(op, tuple(call.args[1:]))
-
-
-def children_of(stmt: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
-    """The statements ``stmt`` holds (0.27's Bind and DeclBuffer scope over the rest of their SeqStmt)."""
-    if isinstance(stmt, tvm.tirx.SeqStmt):
-        return list(stmt.seq)
-    if isinstance(stmt, tvm.tirx.IfThenElse):
-        return [stmt.then_case] + ([stmt.else_case] if stmt.else_case is not None else [])
-    if isinstance(stmt, (tvm.tirx.For, tvm.tirx.AttrStmt, tvm.tirx.While)):
-        return [stmt.body]
-    return []
-
-
-def _calls(stmt: tvm.tirx.Stmt) -> list[_Call]:
-    """Every AMX instruction in ``stmt``, in program order (memoized for the kernel being rewritten)."""
-    memo = getattr(_REWRITING, "calls", None)
-    if memo is not None and stmt in memo:
-        return memo[stmt]
-    call = tile_call(stmt)
-    found = [call] if call else [c for child in children_of(stmt) for c in _calls(child)]
-    if memo is not None:
-        memo[stmt] = found  # the key holds its node: no other node can take its handle meanwhile
-    return found
-
-
-#: Per thread, while :func:`keep_tiles` rewrites a kernel: ``calls`` and ``parallel``, what :func:`_calls`
-#: and :func:`_parallel` found by statement.
-_REWRITING = threading.local()
-
-
-def _seq(items: list[tvm.tirx.Stmt]) -> tvm.tirx.Stmt:
-    flat: list[tvm.tirx.Stmt] = []
-    for item in items:
-        flat += list(item.seq) if isinstance(item, tvm.tirx.SeqStmt) else [item]
-    return flat[0] if len(flat) == 1 else tvm.tirx.SeqStmt(flat)
-
-
-def _with_body(loop: tvm.tirx.For, body: tvm.tirx.Stmt) -> tvm.tirx.For:
-    return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
-                        loop.annotations, loop.step)
-
-
-def rebuild(stmt: tvm.tirx.Stmt, children: list[tvm.tirx.Stmt]) -> tvm.tirx.Stmt:
-    """``stmt`` holding ``children`` in place of its own (:func:`children_of`)."""
-    if isinstance(stmt, tvm.tirx.SeqStmt):
-        return _seq(children)
-    if isinstance(stmt, tvm.tirx.IfThenElse):
-        return tvm.tirx.IfThenElse(stmt.condition, children[0], children[1] if len(children) > 1 else None)
-    if isinstance(stmt, tvm.tirx.For):
-        return _with_body(stmt, children[0])
-    if isinstance(stmt, tvm.tirx.AttrStmt):
-        return tvm.tirx.AttrStmt(stmt.node, stmt.attr_key, stmt.value, children[0])
-    raise _Unexpected(f"a {type(stmt).__name__} holds tile instructions")
-
-
-def _free_vars(node) -> set[str]:
-    return {v.name for v in analysis.undefined_vars(node, [])}
-
-
-def _pure(expr: tvm.tirx.PrimExpr) -> bool:
-    """An integer computation of scalar variables (no memory read: its value cannot change in a loop that
-    writes memory)."""
-    return all(isinstance(v.ty, tvm.ir.PrimType) and "handle" not in str(v.ty)
-               for v in analysis.undefined_vars(expr, []))
-
-
 # ------------------------------------------------------------------------------------------ configuration
 def _config_buffer(stmt: tvm.tirx.Stmt) -> Optional[str]:
     """The name of the buffer variable an ``ldtilecfg`` statement reads its configuration from."""
@@ -166,11 +62,11 @@ def _config_buffer(stmt: tvm.tirx.Stmt) -> Optional[str]:
     return None if call is None or call.op is not TileOp.CONFIG else _config_name(call)
 
 
-def _config_name(call: _Call) -> str:
+def _config_name(call: TileCall) -> str:
     address = call.args[0]
     if not (isinstance(address, tvm.ir.Call) and address.op.name == "tirx.address_of"
             and isinstance(address.args[0], tvm.ir.TensorLoad)):
-        raise _Unexpected("ldtilecfg of a computed address")
+        raise Unexpected("ldtilecfg of a computed address")
     return address.args[0].source.name
 
 
@@ -186,11 +82,7 @@ def _fills(stmt: tvm.tirx.Stmt, buffers: set[str]) -> bool:
 
 
 def _config_buffers(stmt: tvm.tirx.Stmt) -> set[str]:
-    return {_config_name(c) for c in _calls(stmt) if c.op is TileOp.CONFIG}
-
-
-def _statements(stmt: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
-    return [stmt] + [s for child in children_of(stmt) for s in _statements(child)]
+    return {_config_name(c) for c in calls_in(stmt) if c.op is TileOp.CONFIG}
 
 
 def _strip_config(stmt: tvm.tirx.Stmt, buffers: set[str], found: list[tvm.tirx.Stmt]) -> tvm.tirx.Stmt:
@@ -202,11 +94,11 @@ def _strip_config(stmt: tvm.tirx.Stmt, buffers: set[str], found: list[tvm.tirx.S
                 found.append(item)
             elif not _fills(item, buffers):
                 items.append(_strip_config(item, buffers, found))
-        return _seq(items) if items else tvm.tirx.Evaluate(0)
+        return seq(items) if items else tvm.tirx.Evaluate(0)
     if _config_buffer(stmt) is not None:
-        raise _Unexpected("an ldtilecfg alone in a loop")
+        raise Unexpected("an ldtilecfg alone in a loop")
     children = children_of(stmt)
-    if not children or not _calls(stmt):
+    if not children or not calls_in(stmt):
         return stmt
     return rebuild(stmt, [_strip_config(c, buffers, found) for c in children])
 
@@ -218,9 +110,9 @@ class _Block:
     and products (kept across it) or one load of each and their product, then its store."""
 
     binds: list  # the Binds before the load (its address's terms)
-    load: _Call
+    load: TileCall
     body: list  # [the loop] or the statements between the load and the store
-    store: _Call
+    store: TileCall
 
     @property
     def loop(self) -> Optional[tvm.tirx.For]:
@@ -242,17 +134,17 @@ class _Residency:
             self.analyzer.bind(stmt.var, stmt.value)
             return stmt
         children = children_of(stmt)
-        if not children or not _calls(stmt):
+        if not children or not calls_in(stmt):
             return stmt
         rebuilt = rebuild(stmt, [self.stmt(c) for c in children])
         if isinstance(rebuilt, tvm.tirx.SeqStmt):
-            return self._side_by_side(_items(self._drop_round_trips(list(rebuilt.seq))))
+            return self._side_by_side(items_of(self._drop_round_trips(list(rebuilt.seq))))
         if isinstance(rebuilt, tvm.tirx.For) and rebuilt.kind in (tvm.tirx.ForKind.SERIAL,
                                                                    tvm.tirx.ForKind.UNROLLED):
             return self._hoist(rebuilt)
         return rebuilt
 
-    def _same_address(self, a: _Call, b: _Call, analyzer: Optional[sym.Analyzer] = None) -> bool:
+    def _same_address(self, a: TileCall, b: TileCall, analyzer: Optional[sym.Analyzer] = None) -> bool:
         """Two loads or stores at the same address and row stride (whatever their tiles)."""
         analyzer = analyzer or self.analyzer
         (pa, sa), (pb, sb) = a.args[1:], b.args[1:]
@@ -263,7 +155,7 @@ class _Residency:
                 and all(analyzer.can_prove_equal(x, y) for x, y in zip(la.indices, lb.indices))
                 and analyzer.can_prove_equal(sa, sb))
 
-    def _same_place(self, a: _Call, b: _Call) -> bool:
+    def _same_place(self, a: TileCall, b: TileCall) -> bool:
         """Two loads or stores of one tile at the same address and row stride."""
         return a.tile == b.tile and self._same_address(a, b)
 
@@ -280,26 +172,26 @@ class _Residency:
                     pending = None
                     continue
                 pending = None
-            elif pending is not None and not (isinstance(item, tvm.tirx.Bind) and _pure(item.value)):
+            elif pending is not None and not (isinstance(item, tvm.tirx.Bind) and pure(item.value)):
                 pending = None
             out.append(item)
             if call is not None and call.op is TileOp.STORE and call.tile == ACCUMULATOR:
                 pending = len(out) - 1
-        return _seq(out)
+        return seq(out)
 
     def _hoist(self, loop: tvm.tirx.For) -> tvm.tirx.Stmt:
         """``loop`` with its accumulators loaded before it and stored after it, where its body loads them
         first and stores them last at places the loop does not move; else ``loop`` unchanged."""
-        items = _items(loop.body)
+        items = items_of(loop.body)
         first = next((k for k, item in enumerate(items) if not isinstance(item, tvm.tirx.Bind)), len(items))
         end = first
-        while end < len(items) and _is(items[end], TileOp.LOAD):
+        while end < len(items) and is_op(items[end], TileOp.LOAD):
             end += 1
         last = len(items)
-        while last > end and _is(items[last - 1], TileOp.STORE):
+        while last > end and is_op(items[last - 1], TileOp.STORE):
             last -= 1
         middle, stores = items[end:last], [tile_call(x) for x in items[last:]]
-        accumulators = {int(c.args[0]) for item in middle for c in _calls(item) if c.op is TileOp.DOT}
+        accumulators = {int(c.args[0]) for item in middle for c in calls_in(item) if c.op is TileOp.DOT}
         loads = [tile_call(x) for x in items[first:end]]
         kept = [x for x, c in zip(items[first:end], loads) if c.tile in accumulators]
         others = [x for x, c in zip(items[first:end], loads) if c.tile not in accumulators]
@@ -309,24 +201,24 @@ class _Residency:
                 or not all(self._same_place(by_tile[c.tile], c) for c in stores)):
             return loop
         if any(c.op is TileOp.CONFIG or c.op in (TileOp.LOAD, TileOp.STORE) and c.tile in accumulators
-               for item in middle for c in _calls(item)):
+               for item in middle for c in calls_in(item)):
             return loop
         buffers = {c.args[1].args[0].source.name for c in stores}
         moving, outside, inside = {loop.loop_var.name}, [], []
         for bind in items[:first]:
-            if _free_vars(bind.value) & moving or not _pure(bind.value):
+            if free_vars(bind.value) & moving or not pure(bind.value):
                 moving.add(bind.var.name)
                 inside.append(bind)
             else:
                 outside.append(bind)
-        if any(buffers & _free_vars(item) for item in [*inside, *others, *middle]):
+        if any(buffers & free_vars(item) for item in [*inside, *others, *middle]):
             return loop  # the loop reads or writes the accumulators' memory: it must stay up to date
         # Both ends move out of the loop: their addresses may use neither its variable nor what it binds.
         moving |= {x.var.name for x in middle if isinstance(x, tvm.tirx.Bind)}
         places = [x for c in [*by_tile.values(), *stores] for x in (*c.args[1].args[0].indices, c.args[2])]
-        if any(_free_vars(x) & moving for x in places):
+        if any(free_vars(x) & moving for x in places):
             return loop
-        return _seq([*outside, *kept, _with_body(loop, _seq([*inside, *others, *middle])), *items[last:]])
+        return seq([*outside, *kept, with_body(loop, seq([*inside, *others, *middle])), *items[last:]])
 
     # ---------------------------------------------------------------------- accumulators side by side
     def _block_at(self, items: list[tvm.tirx.Stmt], start: int) -> Optional[tuple[_Block, int]]:
@@ -337,13 +229,13 @@ class _Residency:
         load = tile_call(items[k]) if k < len(items) else None
         if not (load and load.op is TileOp.LOAD and load.tile == ACCUMULATOR):
             return None
-        end = next((e for e in range(k + 1, len(items)) if _is(items[e], TileOp.STORE)), None)
+        end = next((e for e in range(k + 1, len(items)) if is_op(items[e], TileOp.STORE)), None)
         if end is None:
             return None
         store, body = tile_call(items[end]), items[k + 1:end]
         if store.tile != ACCUMULATOR or not self._same_place(load, store):
             return None
-        calls = [c for item in body for c in _calls(item)]
+        calls = [c for item in body for c in calls_in(item)]
         looped = len(body) == 1 and isinstance(body[0], tvm.tirx.For)
         if not calls or not (looped or all(isinstance(x, tvm.tirx.Bind) or tile_call(x) for x in body)):
             return None
@@ -373,11 +265,11 @@ class _Residency:
                     merged = self._merge_blocks(run[done:done + size]) if size > 1 else None
                     if merged is not None or size == 1:
                         block = run[done]
-                        out += merged or [*block.binds, _evaluate(block.load), *block.body, _evaluate(block.store)]
+                        out += merged or [*block.binds, evaluate(block.load), *block.body, evaluate(block.store)]
                         done += size
                         break
             k = end
-        return _seq(out)
+        return seq(out)
 
     def _fresh_analyzer(self) -> sym.Analyzer:
         analyzer = sym.Analyzer()
@@ -392,16 +284,16 @@ class _Residency:
             return None
         # The loads and every block's leading Binds move before every body, the stores after: none may use
         # what a body binds. The bodies run before earlier blocks' stores: they may not read the outputs.
-        inner = [x for b in blocks for item in b.body for x in _statements(item) if isinstance(x, tvm.tirx.Bind)]
+        inner = [x for b in blocks for item in b.body for x in statements(item) if isinstance(x, tvm.tirx.Bind)]
         bound = {x.var.name for x in inner}
-        if any(_free_vars(x) & bound for b in blocks for c in (b.load, b.store)
+        if any(free_vars(x) & bound for b in blocks for c in (b.load, b.store)
                for x in (*c.args[1].args[0].indices, c.args[2])):
             return None
         leading = [x for b in blocks for x in b.binds]
-        if any(_free_vars(x.value) & bound for x in leading) or not all(_pure(x.value) for x in leading + inner):
+        if any(free_vars(x.value) & bound for x in leading) or not all(pure(x.value) for x in leading + inner):
             return None
         outputs = [b.load.args[1].args[0].source for b in blocks]
-        operands = [c.args[1].args[0].source for b in blocks for item in b.body for c in _calls(item)
+        operands = [c.args[1].args[0].source for b in blocks for item in b.body for c in calls_in(item)
                     if c.op is TileOp.LOAD]
         if any(o.same_as(out) or o.name == out.name for o in operands for out in outputs):
             return None
@@ -420,9 +312,9 @@ class _Residency:
         for var, value in tiles.bound:
             self.binds.append((var, value))
             self.analyzer.bind(var, value)
-        loads = [_evaluate(replace(b.load, args=(tvm.tirx.const(j, "int8"), *b.load.args[1:])))
+        loads = [evaluate(replace(b.load, args=(tvm.tirx.const(j, "int8"), *b.load.args[1:])))
                  for j, b in enumerate(blocks)]
-        stores = [_evaluate(replace(b.store, args=(tvm.tirx.const(j, "int8"), *b.store.args[1:])))
+        stores = [evaluate(replace(b.store, args=(tvm.tirx.const(j, "int8"), *b.store.args[1:])))
                   for j, b in enumerate(blocks)]
         return [*(bind for b in blocks for bind in b.binds), *loads, *body, *stores]
 
@@ -430,10 +322,10 @@ class _Residency:
         """One loop nest running each of ``loops``' bodies in turn (block j's products into tile j)."""
         head = loops[0]
         if not all(isinstance(x, tvm.tirx.For) and x.kind == head.kind and x.step is None
-                   and _const(x.min) == _const(head.min) is not None
-                   and _const(x.extent) == _const(head.extent) is not None for x in loops):
+                   and const_int(x.min) == const_int(head.min) is not None
+                   and const_int(x.extent) == const_int(head.extent) is not None for x in loops):
             return None
-        bodies = [_items(x.body) for x in loops]
+        bodies = [items_of(x.body) for x in loops]
         nested = [isinstance(items[-1], tvm.tirx.For) for items in bodies]
         if any(nested) and not all(nested):
             return None
@@ -441,14 +333,14 @@ class _Residency:
                  for j, x in enumerate(loops)]
         if not any(nested):
             body = _merge_statements([b + items for b, items in zip(bound, bodies)], tiles)
-            return None if body is None else _with_body(head, _seq(body))
+            return None if body is None else with_body(head, seq(body))
         outer = [items[:-1] for items in bodies]
         if not all(isinstance(x, tvm.tirx.Bind) for items in outer for x in items):
             return None
         inner = self._merge_loops([items[-1] for items in bodies], tiles)
         if inner is None:
             return None
-        return _with_body(head, _seq([x for b, items in zip(bound, outer) for x in (*b, *items)] + [inner]))
+        return with_body(head, seq([x for b, items in zip(bound, outer) for x in (*b, *items)] + [inner]))
 
 
 @dataclass
@@ -478,7 +370,7 @@ class _Tiles:
             a, b = (self.renames.get((block, int(t))) for t in call.args[1:])
             if a is None or b is None or a == b:  # tdpbf16ps faults on a tile named twice
                 return False
-            return _evaluate(replace(call, args=tuple(tvm.tirx.const(t, "int8") for t in (block, a, b))))
+            return evaluate(replace(call, args=tuple(tvm.tirx.const(t, "int8") for t in (block, a, b))))
         for tile, earlier in self.loaded:
             if self.residency._same_address(earlier, call, self.analyzer):
                 self.renames[block, call.tile] = tile
@@ -492,7 +384,7 @@ class _Tiles:
             return False
         self.loaded.append((tile, call))
         self.renames[block, call.tile] = tile
-        return _evaluate(replace(call, args=(tvm.tirx.const(tile, "int8"), *call.args[1:])))
+        return evaluate(replace(call, args=(tvm.tirx.const(tile, "int8"), *call.args[1:])))
 
 
 def _merge_statements(bodies: list[list[tvm.tirx.Stmt]], tiles: _Tiles) -> Optional[list[tvm.tirx.Stmt]]:
@@ -509,33 +401,16 @@ def _merge_statements(bodies: list[list[tvm.tirx.Stmt]], tiles: _Tiles) -> Optio
     return out
 
 
-def _items(stmt: tvm.tirx.Stmt) -> list[tvm.tirx.Stmt]:
-    return list(stmt.seq) if isinstance(stmt, tvm.tirx.SeqStmt) else [stmt]
-
-
-def _is(stmt: tvm.tirx.Stmt, op: TileOp) -> bool:
-    call = tile_call(stmt)
-    return call is not None and call.op is op
-
-
-def _const(expr: tvm.tirx.PrimExpr) -> Optional[int]:
-    return int(expr.value) if isinstance(expr, tvm.tirx.IntImm) else None
-
-
-def _evaluate(call: _Call) -> tvm.tirx.Stmt:
-    return tvm.tirx.Evaluate(tvm.tirx.call_llvm_intrin("void", call.op.value, *call.args))
-
-
-def _disjoint(a: _Call, b: _Call, analyzer: sym.Analyzer, rows: int = 16) -> bool:
+def _disjoint(a: TileCall, b: TileCall, analyzer: sym.Analyzer, rows: int = 16) -> bool:
     """Whether the tiles (``rows`` rows of 64 bytes) that loads ``a`` and ``b`` read provably do not overlap: the same
     buffer (two buffers may view one memory), the same constant row stride, offsets a constant apart."""
     la, lb = a.args[1].args[0], b.args[1].args[0]
     if not la.source.same_as(lb.source) or len(la.indices) != 1 or len(lb.indices) != 1:
         return False
-    stride = _const(analyzer.simplify(a.args[2]))  # bytes
-    if stride is None or stride != _const(analyzer.simplify(b.args[2])):
+    stride = const_int(analyzer.simplify(a.args[2]))  # bytes
+    if stride is None or stride != const_int(analyzer.simplify(b.args[2])):
         return False
-    gap = _const(analyzer.simplify(lb.indices[0] - la.indices[0]))
+    gap = const_int(analyzer.simplify(lb.indices[0] - la.indices[0]))
     if gap is None:
         return False
     gap *= tvm.runtime.DataType(str(la.source.dtype)).bits // 8  # bytes
@@ -547,45 +422,45 @@ def _keep(stmt: tvm.tirx.Stmt) -> tvm.tirx.Stmt:
     """Rewrite each outermost run of statements holding tile instructions and no parallel loop (module
     docstring): its configuration first, then its tiles kept."""
     children = children_of(stmt)
-    if not children or not _calls(stmt):
+    if not children or not calls_in(stmt):
         return stmt
     serial = isinstance(stmt, tvm.tirx.For) and stmt.kind != tvm.tirx.ForKind.PARALLEL
-    items = _items(stmt) if serial or isinstance(stmt, tvm.tirx.SeqStmt) else []
-    tiled = [k for k, item in enumerate(items) if _calls(item)]
+    items = items_of(stmt) if serial or isinstance(stmt, tvm.tirx.SeqStmt) else []
+    tiled = [k for k, item in enumerate(items) if calls_in(item)]
     if not tiled or any(_parallel(item) for item in items[tiled[0]:tiled[-1] + 1]):
         return rebuild(stmt, [_keep(c) for c in children])
-    region = _seq(items[tiled[0]:tiled[-1] + 1])
+    region = seq(items[tiled[0]:tiled[-1] + 1])
     buffers, found = _config_buffers(region), []
-    if not buffers <= _free_vars(region):
-        raise _Unexpected("a tile configuration allocated inside its loops")
+    if not buffers <= free_vars(region):
+        raise Unexpected("a tile configuration allocated inside its loops")
     rows = _configured_rows(region, buffers)
     stripped = _strip_config(region, buffers, found)
     if not found:
-        raise _Unexpected("tile instructions without a configuration")
-    return _seq([*items[:tiled[0]], *_every_tile(found[0], rows), _Residency(rows).stmt(stripped),
+        raise Unexpected("tile instructions without a configuration")
+    return seq([*items[:tiled[0]], *_every_tile(found[0], rows), _Residency(rows).stmt(stripped),
                  *items[tiled[-1] + 1:]])
 
 
 def _parallel(stmt: tvm.tirx.Stmt) -> bool:
     """Whether ``stmt`` holds a parallel loop (memoized for the kernel being rewritten)."""
-    memo = getattr(_REWRITING, "parallel", None)
-    if memo is not None and stmt in memo:
-        return memo[stmt]
-    found = (isinstance(stmt, tvm.tirx.For) and stmt.kind == tvm.tirx.ForKind.PARALLEL
-             or any(_parallel(c) for c in children_of(stmt)))
-    if memo is not None:
-        memo[stmt] = found
-    return found
+    found = memo("parallel")
+    if found is not None and stmt in found:
+        return found[stmt]
+    parallel = (isinstance(stmt, tvm.tirx.For) and stmt.kind == tvm.tirx.ForKind.PARALLEL
+                or any(_parallel(c) for c in children_of(stmt)))
+    if found is not None:
+        found[stmt] = parallel
+    return parallel
 
 
 def _configured_rows(region: tvm.tirx.Stmt, buffers: set[str]) -> int:
     """The rows the intrinsic's calls in ``region`` configure their accumulator tile with (one number; the
     zeros are the configuration's clearing, which lowering may unroll)."""
-    rows = {int(x.value.value) for x in _statements(region)
+    rows = {int(x.value.value) for x in statements(region)
             if isinstance(x, tvm.tirx.BufferStore) and x.buffer.name in buffers and len(x.indices) == 1
-            and _const(x.indices[0]) == 48 + ACCUMULATOR and isinstance(x.value, tvm.tirx.IntImm)} - {0}
+            and const_int(x.indices[0]) == 48 + ACCUMULATOR and isinstance(x.value, tvm.tirx.IntImm)} - {0}
     if len(rows) != 1 or max(rows) > 16:
-        raise _Unexpected(f"tile products configured with rows {sorted(rows)}")
+        raise Unexpected(f"tile products configured with rows {sorted(rows)}")
     return rows.pop()
 
 
@@ -604,17 +479,15 @@ def _every_tile(load: tvm.tirx.Stmt, rows: int) -> list[tvm.tirx.Stmt]:
 def keep_tiles(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """``func`` with its AMX tile configuration loaded once per thread and its accumulator tiles kept across
     reductions (the module docstring); unchanged if it has no tile instructions or they are in another shape."""
-    _REWRITING.calls, _REWRITING.parallel = {}, {}
     try:
-        if any(c.op is TileOp.CONFIG for c in _calls(func.body)):
-            return func.with_body(_keep(func.body))
-    except _Unexpected as why:
+        with memoizing():
+            if any(c.op is TileOp.CONFIG for c in calls_in(func.body)):
+                return func.with_body(_keep(func.body))
+    except Unexpected as why:
         logger.debug("AMX kernel compiled as TensorIR placed its calls: %s", why)
     except Exception as err:  # a bug here must not fail the build: the calls are correct as placed
         logger.warning("AMX tile rewrite failed (%s: %s); the kernel keeps its self-contained tile calls",
                        type(err).__name__, err)
-    finally:
-        _REWRITING.calls = _REWRITING.parallel = None
     return func
 
 
