@@ -345,7 +345,8 @@ def dense_bias_relu(rows: int, k: int, n: int) -> tvm.IRModule:
 
 def test_a_dense_layer_of_197_rows_runs_on_tiles_of_its_rows_padded(emulator):
     """No tile's rows divide 197: for an AMX target the layer computes 208 rows (A16's last 11 zero) and
-    returns the first 197; its AMX programs, run on emulated tiles, compute the unscheduled program's values."""
+    returns the first 197, its bias and ReLU fused under an output tile too (on the rows it returns); its AMX
+    programs, run on emulated tiles, compute the unscheduled program's values."""
     rng = np.random.default_rng(0)
     params = {"w": rng.uniform(-0.5, 0.5, (64, 32)).astype("float32"),
               "b": rng.uniform(-0.5, 0.5, (32,)).astype("float32")}
@@ -354,7 +355,9 @@ def test_a_dense_layer_of_197_rows_runs_on_tiles_of_its_rows_padded(emulator):
     assert "iters[v_i0:S1, v_i1:S208, v_i2:S32, v_k:R64]" in str(task.compute_dag)
     tile = TENSORIZE + BF16Intrin.AMX_TILE_16x16x32.value
     sketches = [s for s in generate_sketches(task) if any(it.annotation == tile for st in s.stages for it in st.iters)]
-    states = sample_initial_population(task, sketches, 3, random.Random(2))
+    fused = [s for s in sketches if any(st.compute_at == AttachKind.ITER for st in s.stages)]
+    assert len(sketches) == 3 and len(fused) == 2  # the epilogue under spatial level 1 or 2, or after
+    states = sample_initial_population(task, fused, 3, random.Random(2))
     arrays = program.random_inputs(task)
     want = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
                                arrays)[-1]

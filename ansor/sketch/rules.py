@@ -83,8 +83,9 @@ def should_always_inline(state: State, stage_id: int, strict: bool = True) -> bo
     return ds.strictly_inlineable or not strict
 
 
-def single_elementwise_consumer(state: State, stage_id: int) -> Optional[int]:
-    """The only live consumer, if it reads this stage's output element for element (Ansor's fusion test)."""
+def single_elementwise_consumer(state: State, stage_id: int, prefix: bool = False) -> Optional[int]:
+    """The only live consumer, if it reads this stage's output element for element (Ansor's fusion test);
+    ``prefix``: or only its first elements, as the cut back of a product padded to whole tiles does."""
     consumers = state.consumers(stage_id)
     if len(consumers) != 1:
         return None
@@ -98,7 +99,9 @@ def single_elementwise_consumer(state: State, stage_id: int) -> Optional[int]:
         return None
     out = stage.block.writes[0]
     spatial = [v for v in consumer.block.vars if v.kind == IterKind.SPATIAL]
-    if state.shapes[out.buffer] != tuple(v.extent for v in spatial):
+    shape, extents = state.shapes[out.buffer], tuple(v.extent for v in spatial)
+    if shape != extents and not (prefix and len(shape) == len(extents)
+                                 and all(e is not None and e <= n for e, n in zip(extents, shape))):
         return None
     for acc in consumer.block.reads_of(out.buffer):
         if [None if i is None or i.const else i.single_var() for i in acc.indices] != [v.name for v in spatial]:

@@ -92,7 +92,7 @@ class BF16DotProduct(SketchRule):
     def apply(self, task: SearchTask, state: State, stage_id: int) -> list[tuple[State, int]]:
         if not is_bf16_product(state, stage_id):
             return [(state, stage_id - 1)]  # an operand's conversion: computed, not inlined
-        consumer = single_elementwise_consumer(state, stage_id)
+        consumer = single_elementwise_consumer(state, stage_id, prefix=True)  # a padded product's rows, cut back
         out, tiles = [], False
         for intrin in intrinsics(task.target):
             tiled = None if tiles and intrin.amx_rows else tile_around(state, stage_id, intrin)
