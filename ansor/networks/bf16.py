@@ -35,7 +35,7 @@ import tvm
 from tvm import relax, te
 
 from ..state.tensor_intrin import AMX_ROWS, bf16_bits, bf16_to_f32, round_to_bf16
-from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul, bf16_rounded, unpadded
+from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_bits_where, bf16_matmul, bf16_rounded, unpadded
 from .calls import mutate_relax_functions
 from .conv_rewrite import bound_constant, ungrouped_nhwc
 
@@ -177,9 +177,7 @@ def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], str
     def rounded(b, y, x, c):
         if not any(padding):
             return bf16_bits(data[b, y, x, c])
-        inside = tvm.tirx.all(y >= top, y < h + top, x >= left, x < w + left)
-        value = tvm.tirx.if_then_else(inside, data[b, y - top, x - left, c], tvm.tirx.const(0, "float32"))
-        return bf16_bits(value)
+        return bf16_bits_where([y >= top, y < h + top, x >= left, x < w + left], data[b, y - top, x - left, c])
 
     a16 = te.compute(padded, rounded, name="A16")
     out_h = (padded[1] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
@@ -265,8 +263,7 @@ def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, in
 
     def rounded(b, py, px, y, x, c):
         yy, xx = y * sy + py - top, x * sx + px - left
-        inside = tvm.tirx.all(yy >= 0, yy < h, xx >= 0, xx < w)
-        return bf16_bits(tvm.tirx.if_then_else(inside, data[b, yy, xx, c], tvm.tirx.const(0, "float32")))
+        return bf16_bits_where([yy >= 0, yy < h, xx >= 0, xx < w], data[b, yy, xx, c])
 
     a16 = te.compute((n, sy, sx, out_h + qh - 1, out_w + qw - 1, ci), rounded, name="A16")
     qy, py = te.reduce_axis((0, qh), name="qy"), te.reduce_axis((0, sy), name="py")

@@ -37,7 +37,7 @@ from ..state.loop_nest import AttachKind
 from ..state.loop_state import State
 from ..target import device_kind
 from ..task.search_task import SearchTask
-from ..sketch.tensor_rules import intrinsics, is_bf16_product, product_loops, tile_around
+from ..sketch.tensor_rules import fitting_intrinsics, is_bf16_product, product_loops, tile_around
 from ..sketch.annotation import (
     MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, branch_run_lanes, contiguous,
     largest_divisor_at_most, vector_lanes,
@@ -161,7 +161,7 @@ def _dot_products(task: SearchTask) -> State:
     state = task.compute_dag.init_state()
     tiled = 0
     for sid in range(len(state.stages)):
-        fits = [i for i in intrinsics(task.target) if is_bf16_product(state, sid) and product_loops(state, sid, i)]
+        fits = fitting_intrinsics(task.target, state, sid) if is_bf16_product(state, sid) else []
         if not fits:
             continue
         intrin = fits[0]

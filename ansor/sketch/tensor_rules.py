@@ -65,6 +65,13 @@ def intrinsics(target: tvm.target.Target) -> list[BF16Intrin]:
     return [BF16Intrin[f"AMX_TILE_{m}x16x32"] for m in AMX_ROWS] * has_amx(target) + [dot_intrinsic(target)]
 
 
+def fitting_intrinsics(target: tvm.target.Target, state: State, stage_id: int) -> list[BF16Intrin]:
+    """The intrinsics of :func:`intrinsics` that bf16 product ``stage_id`` takes (:func:`product_loops`): the
+    AMX tile product of the most rows that fit, if any, then the dot product where it fits."""
+    fits = [i for i in intrinsics(target) if product_loops(state, stage_id, i) is not None]
+    return [i for i in fits if i.amx_rows][:1] + [i for i in fits if not i.amx_rows]
+
+
 def require_bf16_unit(target: tvm.target.Target) -> None:
     """Tuning in bf16 needs a target the search gives the bf16 dot product (not its portable form): one
     error line naming what is missing and what this CPU has, where it is missing. Where the target has AMX
@@ -93,12 +100,9 @@ class BF16DotProduct(SketchRule):
         if not is_bf16_product(state, stage_id):
             return [(state, stage_id - 1)]  # an operand's conversion: computed, not inlined
         consumer = single_elementwise_consumer(state, stage_id, prefix=True)  # a padded product's rows, cut back
-        out, tiles = [], False
-        for intrin in intrinsics(task.target):
-            tiled = None if tiles and intrin.amx_rows else tile_around(state, stage_id, intrin)
-            if tiled is None:  # AMX: the most rows that divide the product's
-                continue
-            tiles |= intrin.amx_rows is not None
+        out = []
+        for intrin in fitting_intrinsics(task.target, state, stage_id):
+            tiled = tile_around(state, stage_id, intrin)
             if consumer is not None:  # the epilogue under an output tile, as MultiLevelTilingWithFusion does
                 for end in fusion_points(state, stage_id, intrin):
                     fused = tiled.copy()

@@ -110,18 +110,21 @@ def softmax_stages(x: te.Tensor, names: Sequence[str], exp: Callable = te.exp) -
     )
 
 
+def bf16_bits_where(inside: Sequence[tvm.tirx.PrimExpr], value: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    """``value`` rounded to bf16 bits where every condition of ``inside`` holds, zero elsewhere (a padded
+    operand's border; no condition: everywhere). ``value`` is read only where they hold."""
+    if not inside:
+        return bf16_bits(value)
+    return bf16_bits(tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0, "float32")))
+
+
 def bf16_rounded(data: te.Tensor, shape: Optional[Sequence[int]] = None) -> te.Tensor:
     """``A16``: ``data`` rounded to bf16 bits (``uint16``) at the kernel's load; on a larger ``shape``, zeros
     past ``data``'s extents (a product padded to whole tiles, k pairs or 16-column groups)."""
     extents = [int(d) for d in data.shape]
     shape = list(shape or extents)
-
-    def bits(*i):
-        inside = [c < e for c, e, p in zip(i, extents, shape) if p != e]
-        value = data(*i)
-        return bf16_bits(tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0, "float32"))
-                         if inside else value)
-    return te.compute(shape, bits, name="A16")
+    return te.compute(shape, lambda *i: bf16_bits_where(
+        [c < e for c, e, p in zip(i, extents, shape) if p != e], data(*i)), name="A16")
 
 
 def unpadded(product: te.Tensor, shape: Sequence[int], name: str) -> te.Tensor:
@@ -144,10 +147,7 @@ def bf16_matmul(a: te.Tensor, b: te.Tensor, name: str = "matmul_bf16",
 
     def b_bits(*i):
         kk, nn = i[-3] * BF16_PAIR + i[-1], i[-4] * BF16_LANES + i[-2]
-        inside = [c < e for c, e, p in ((kk, k0, k), (nn, n0, n)) if p != e]
-        value = b(*i[:-4], kk, nn)
-        return bf16_bits(tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0, "float32"))
-                         if inside else value)
+        return bf16_bits_where([c < e for c, e, p in ((kk, k0, k), (nn, n0, n)) if p != e], b(*i[:-4], kk, nn))
 
     b16 = te.compute((*lead, n // BF16_LANES, k // BF16_PAIR, BF16_LANES, BF16_PAIR), b_bits, name="B16")
     r = te.reduce_axis((0, k), name="k")
