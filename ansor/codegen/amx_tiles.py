@@ -379,7 +379,8 @@ class _Tiles:
         if pool is None:
             tile = self.accumulators + len(self.loaded)
         else:
-            tile = next((t for t in pool if t not in {t for t, _ in self.loaded}), TILE_REGISTERS)
+            used = {t for t, _ in self.loaded}
+            tile = next((t for t in pool if t not in used), TILE_REGISTERS)
         if tile >= TILE_REGISTERS:
             return False
         self.loaded.append((tile, call))
