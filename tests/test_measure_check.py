@@ -49,6 +49,34 @@ def test_scaled_outputs_fail_and_reordered_reductions_pass():
     assert out.max() < 2e-3 and np.allclose(out * 0.5, out, rtol=1e-3, atol=1e-3)
 
 
+def test_the_reference_is_the_unscheduled_program_on_every_core():
+    """The measurer's reference runs each block's leading spatial loops, fused, in parallel: the unscheduled
+    program's bits, no reduction loop split between threads, nothing changed for a GPU task."""
+    import tvm
+
+    from ansor import codegen
+
+    for name in ("softmax-4x1024", "conv2d-nhwc-small", "matmul-128"):  # padding, epilogues, row reductions
+        task = SearchTask.from_workload(name, TARGET)
+        ref = program.reference(task)
+        sch = tvm.s_tir.Schedule(ref)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        for block_rv in blocks:
+            loops = [sch.get(loop) for loop in sch.get_loops(block_rv)]
+            parallel = {loop.loop_var.name for loop in loops if loop.kind == tvm.tirx.ForKind.PARALLEL}
+            block, realize = sch.get(block_rv), loops[-1].body
+            reducing = {var.name for iv, value in zip(block.iter_vars, realize.iter_values)
+                        if int(iv.iter_type) != 0 for var in tvm.tirx.analysis.undefined_vars(value)}
+            assert loops[0].kind == tvm.tirx.ForKind.PARALLEL and not parallel & reducing, (name, ref.script())
+        assert blocks, name
+        args = program.random_inputs(task)
+        want = program.run_program(program.build_program(task, None), args)
+        got = program.run_program(codegen.compile(ref, task.target).jit(), args)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want)), name
+    cuda = SearchTask.from_workload("matmul-128", "cuda")
+    assert program.reference(cuda).same_as(cuda.compute_dag.mod)
+
+
 def scaled_softmax(m: int, n: int, factor: float):
     """Softmax whose result is multiplied by ``factor``: a deliberately wrong program for the real one."""
     a = te.placeholder((m, n), name="A")

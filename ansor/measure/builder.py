@@ -53,7 +53,8 @@ BuildJob = tuple[SearchTask, Optional[State]]
 
 
 def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap: Optional[int] = None) -> BuildResult:
-    """Replay ``steps`` (``None``: no schedule), compile for the task's target and export the library.
+    """Replay ``steps`` (``None``: the correctness reference, :func:`~ansor.task.program.reference`), compile
+    for the task's target and export the library.
 
     Runs in whichever process calls it (a Ray worker in measurement, this process in benchmarks). Never
     raises: every failure becomes a :class:`BuildResult` with Ansor's error code. ``memory_cap``: the cap
@@ -65,15 +66,17 @@ def build_program(task: SearchTask, steps: Optional[Sequence[Step]], memory_cap:
         return BuildResult(None, int(code), msg, time.time() - start, start)
 
     try:
-        state = None if steps is None else task.compute_dag.init_state().with_steps(steps)
-        mod, packed = program.kernel(task, state)
+        if steps is None:
+            mod, packed = program.reference(task), []
+        else:
+            mod, packed = program.kernel(task, task.compute_dag.init_state().with_steps(steps))
     except StepError as err:
         return failed(ErrorNo.INSTANTIATION_ERROR, error_text(err))
     except Exception as err:  # a bug in replay rather than a bad state: keep the trace
         return failed(ErrorNo.UNKNOWN_ERROR, error_text(err) + "\n" + traceback.format_exc(limit=5))
     try:
         executable = codegen.compile(mod, task.target)
-        if state is not None and device_kind(task.target).device_module and not executable.mod.imports:
+        if steps is not None and device_kind(task.target).device_module and not executable.mod.imports:
             return failed(_compile_error(task), "no kernel: the program binds no loop to a GPU block or thread, "
                           "so it would run on the host and read device memory")
         with tempfile.TemporaryDirectory(prefix="ansor-build-") as tmp:

@@ -4,12 +4,12 @@ A measurer is a builder and a runner (:class:`ProgramBuilder`, :class:`ProgramRu
 (:class:`~ansor.measure.builder.RayBuilder`, :class:`~ansor.measure.runner_pool.RunnerPool`); a caller
 may give others, e.g. a remote runner or a test double.
 
-A batch goes through two phases. Build: every candidate (and, once per task, the unscheduled program whose
-output is the correctness reference) compiles in parallel on all CPUs of the cluster. Run: each node's CPUs
-are reserved, the references are computed once, then every built candidate is checked and timed, one at a
-time per device. Builds and runs alternate, so no timing ever shares its cores with a compiler; on an
-embedded Ray the machine-wide :class:`~ansor.measure.host_lock.HostLock` extends that to other tuners on
-the same machine. Every result goes to the callbacks as soon as it is known;
+A batch goes through two phases. Build: every candidate (and, once per task, the correctness reference:
+the unscheduled program, :func:`~ansor.task.program.reference`) compiles in parallel on all CPUs of the
+cluster. Run: each node's CPUs are reserved, the references are computed once, then every built candidate is
+checked and timed, one at a time per device. Builds and runs alternate, so no timing ever shares its cores
+with a compiler; on an embedded Ray the machine-wide :class:`~ansor.measure.host_lock.HostLock` extends that
+to other tuners on the same machine. Every result goes to the callbacks as soon as it is known;
 :meth:`ProgramMeasurer.measure` returns them in input order.
 
 A reference that fails to run is tried once more on a fresh runner; if it fails again, the task's
@@ -42,7 +42,7 @@ from .shipping import TaskHandle, ship, task_key
 logger = logging.getLogger("ansor")
 
 DEFAULT_RUN_TIMEOUT = 10.0
-#: The reference is the unscheduled program: naive loops, one thread, often 10-100x slower than a candidate.
+#: The reference is the unscheduled program (naive loops, in parallel on CPUs): often 10-100x slower than a candidate.
 DEFAULT_REFERENCE_TIMEOUT = 60.0
 #: Runs of a task's reference before its candidates are measured unchecked.
 REFERENCE_ATTEMPTS = 2
