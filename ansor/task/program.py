@@ -7,7 +7,7 @@ isolation live in :mod:`ansor.measure`.
 
 from __future__ import annotations
 
-import itertools
+import logging
 import math
 from typing import Optional, Sequence
 
@@ -22,6 +22,11 @@ from ..target import device_kind
 from .search_task import SearchTask
 from .timing import REPORT
 
+logger = logging.getLogger("ansor")
+
+#: TVM's IterVar kinds of a block iterator: data-parallel and reduction (others, e.g. opaque, stay serial).
+SPATIAL_ITER, REDUCE_ITER = 0, 2
+
 
 def schedule(task: SearchTask, state: Optional[State]) -> tvm.IRModule:
     """The scheduled module of ``state`` (``None``: the unscheduled program); it takes the original arguments
@@ -33,27 +38,50 @@ def schedule(task: SearchTask, state: Optional[State]) -> tvm.IRModule:
 
 def reference(task: SearchTask) -> tvm.IRModule:
     """The correctness reference: the unscheduled program, each block's leading spatial loops fused into one
-    parallel loop (CPU targets). Every output element is still computed by the naive loop nest in the same
-    order, so its bits are the unscheduled program's; only the elements are spread over the cores.
-
-    ResNet3D-18's 21 references take 9.4 s on one core of a 2-core Zen 3, 5.0 s on both: a 1-minute run's
-    run phases fell from 28.0 to 24.1 s.
+    parallel loop (CPU targets; ResNet3D-18's references took 9.4 s on one core of a 2-core Zen 3, 5.0 s on
+    both). Every output element is still computed by the naive loop nest in the same order, so its bits are
+    the unscheduled program's. A block is left serial unless each loop made parallel binds a spatial iterator
+    and each spatial iterator is a whole index of its store (no two iterations write one element), or where
+    TVM refuses.
     """
     mod = task.compute_dag.mod
     if not device_kind(task.target).thread_pool:
         return mod
     sch = tvm.s_tir.Schedule(mod)
     for block_rv in sch.get_child_blocks(sch.get_sblock("root")):
-        loops = sch.get_loops(block_rv)
-        if not loops:
+        lead = _parallel_loops(sch, block_rv)
+        if not lead:
             continue
-        block, realize = sch.get(block_rv), sch.get(loops[-1]).body
-        reducing = {var.name for iv, value in zip(block.iter_vars, realize.iter_values)
-                    if int(iv.iter_type) != 0 for var in tvm.tirx.analysis.undefined_vars(value)}
-        lead = list(itertools.takewhile(lambda loop: sch.get(loop).loop_var.name not in reducing, loops))
-        if lead:
-            sch.parallel(sch.fuse(*lead) if len(lead) > 1 else lead[0])
+        trial = sch.copy()
+        try:
+            trial.parallel(trial.fuse(*lead) if len(lead) > 1 else lead[0])
+        except tvm.s_tir.ScheduleError as err:
+            logger.debug("%s: reference block %s stays serial: %s", task.desc, sch.get(block_rv).name_hint, err)
+            continue
+        sch = trial
     return sch.mod
+
+
+def _parallel_loops(sch: tvm.s_tir.Schedule, block_rv) -> list:
+    """The leading loops of a block that may run in parallel (see :func:`reference`)."""
+    block, loops = sch.get(block_rv), sch.get_loops(block_rv)
+    realize = sch.get(loops[-1]).body
+    kinds = {int(iv.iter_type) for iv in block.iter_vars}
+    if not kinds <= {SPATIAL_ITER, REDUCE_ITER} or not isinstance(block.body, tvm.tirx.BufferStore):
+        return []
+    store_vars = [index for index in block.body.indices if isinstance(index, tvm.tirx.Var)]
+    spatial, reducing = [], []
+    for iv, value in zip(block.iter_vars, realize.iter_values):
+        if int(iv.iter_type) == SPATIAL_ITER and not any(iv.var.same_as(v) for v in store_vars):
+            return []
+        (spatial if int(iv.iter_type) == SPATIAL_ITER else reducing).extend(tvm.tirx.analysis.undefined_vars(value))
+    lead = []
+    for loop_rv in loops:
+        var = sch.get(loop_rv).loop_var
+        if any(var.same_as(v) for v in reducing) or not any(var.same_as(v) for v in spatial):
+            break
+        lead.append(loop_rv)
+    return lead
 
 
 def kernel(task: SearchTask, state: Optional[State],
