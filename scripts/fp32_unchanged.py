@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's ansor, whichever one is installed
 DEFAULT_TARGETS = ("llvm -mcpu=znver3 -num-cores=2", "llvm -mcpu=znver5 -num-cores=2")
 DEFAULT_NETWORKS = ("resnet-50", "mobilenet-v2", "bert")
 SAMPLES = 6
@@ -55,27 +58,38 @@ def fingerprints(network: str, target: str, logs: list[str]) -> list[str]:
         sketches = generate_sketches(task)
         sampled = [s.key() for s in sample_initial_population(task, sketches, SAMPLES, random.Random(0))]
         record = best.get(task.workload_key)
-        lines.append(f"{network} {task.workload_key} x{t.weight} sketches={len(sketches)} "
+        lines.append(f"{target} | {network} {task.workload_key} x{t.weight} sketches={len(sketches)} "
                      f"sampled={_digest(repr(sampled))} default={assembly(task, default_state(task))} "
                      f"best={assembly(task, record.state) if record else '-'}")
     return lines
 
 
-def _at_base(base: str, argv: list[str]) -> list[str]:
-    """This script's lines at commit ``base``, run from a temporary worktree of it."""
+def _commit(base: str) -> str:
+    """The commit ``base`` names in this repository (checked before anything is compiled)."""
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        raise ValueError(f"--base {base}: not a commit of {ROOT}")
+    return found.stdout.strip()
+
+
+def _at_base(commit: str, argv: list[str]) -> list[str]:
+    """This script's lines at ``commit``: a copy of it run in a temporary worktree, on that tree's ansor."""
     with tempfile.TemporaryDirectory(prefix="ansor-base-") as tmp:
         tree = Path(tmp) / "tree"
-        added = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), base],
-                               capture_output=True, text=True)
-        if added.returncode != 0:
-            raise ValueError(f"--base {base}: not a commit of {ROOT} ({added.stderr.strip().splitlines()[-1]})")
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), commit],
+                       capture_output=True, check=True)
         try:
-            env = dict(os.environ, PYTHONPATH=str(tree))
-            run = subprocess.run([sys.executable, __file__, *argv], cwd=tree, env=env, capture_output=True, text=True)
+            (tree / "scripts").mkdir(exist_ok=True)
+            script = shutil.copy(__file__, tree / "scripts" / "_fp32_unchanged_here.py")
+            path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
+            run = subprocess.run([sys.executable, script, *argv], cwd=tree, capture_output=True, text=True,
+                                 env=dict(os.environ, PYTHONPATH=path))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True)
     if run.returncode != 0:
-        raise ValueError(f"at {base}: {(run.stderr.strip().splitlines() or ['failed'])[-1]}")
+        raise ValueError(f"at {commit[:12]}: {(run.stderr.strip().splitlines() or ['failed'])[-1]}")
     return run.stdout.splitlines()
 
 
@@ -90,22 +104,26 @@ def main(argv: list[str] | None = None) -> int:
 
     logs = [str(Path(log).resolve()) for log in args.log]
     try:
+        commit = _commit(args.base) if args.base else ""
         lines = [line for target in args.target for network in args.network
                  for line in fingerprints(network, target, logs)]
         rest = ["--network", *args.network, "--target", *args.target] + (["--log", *logs] if logs else [])
-        base = _at_base(args.base, rest) if args.base else []
-    except (AnsorError, ValueError) as err:
+        base = _at_base(commit, rest) if commit else []
+    except (AnsorError, ValueError, OSError, RuntimeError, subprocess.SubprocessError) as err:  # TVM's: RuntimeError
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if not args.base:
+    if not commit:
         print("\n".join(lines))
         return 0
-    changed = sorted(set(base) ^ set(lines))
-    for line in changed:
-        print(("base: " if line in base else "here: ") + line)
+    only_base, only_here = Counter(base) - Counter(lines), Counter(lines) - Counter(base)
+    for line in sorted(only_base.elements()):
+        print("base: " + line)
+    for line in sorted(only_here.elements()):
+        print("here: " + line)
+    changed = sum(only_here.values()) + sum(only_base.values())
     tuned = sum(1 for line in lines if not line.endswith("best=-"))
     print(f"{len(lines)} fp32 tasks ({tuned} with a tuned record): "
-          f"{'the same' if not changed else f'{len(changed)} lines differ'} at {args.base} and here")
+          f"{'the same' if not changed else f'{changed} lines differ'} at {args.base} and here")
     return 1 if changed else 0
 
 
