@@ -22,11 +22,10 @@ def _script():
     return module
 
 
-def test_fingerprints_are_stable_and_tell_other_code_apart():
+def test_fingerprints_tell_other_code_apart():
     fingerprints = _script().fingerprints
     avx2 = fingerprints("tiny-cnn", AVX2, [])
     assert len(avx2) == 7 and all(" default=" in line and line.endswith(" best=-") for line in avx2), avx2
-    assert fingerprints("tiny-cnn", AVX2, []) == avx2  # deterministic: assembly, not LLVM's IR text
     avx512 = fingerprints("tiny-cnn", AVX512, [])
     defaults = lambda lines: [line.split(" default=")[1] for line in lines]  # noqa: E731
     assert sum(a != b for a, b in zip(defaults(avx2), defaults(avx512))) >= 1, (avx2, avx512)
@@ -55,5 +54,5 @@ def test_against_this_commit_in_a_worktree_that_is_removed_after():
     assert worktrees() == before
     clean = not subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "ansor"],
                                capture_output=True, text=True).stdout.strip()
-    if clean:  # this checkout's ansor is HEAD's: the base run in the worktree must give the very same lines
+    if clean:  # this checkout's ansor is HEAD's: another process must give the same lines (assembly, not IR text)
         assert proc.returncode == 0 and "the same at HEAD and here" in proc.stdout, proc.stdout[-3000:]
