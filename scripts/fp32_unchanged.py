@@ -10,7 +10,7 @@ one line per fp32 task: its workload key and weight, its sketch count, the keys 
 a fixed seed, and a hash of the assembly of its default schedule and of the best record of ``--log`` for it
 (LLVM's assembly is deterministic; its IR text is not). Any line that differs is printed, exit 1; the same
 lines everywhere mean the same tasks, the same search space and the same code for every tuned record, so no
-fp32 latency can have moved. Nothing is timed; it runs on any machine (the targets are explicit).
+fp32 latency of those networks can have moved. Nothing is timed; it runs on any machine (the targets are explicit).
 """
 
 from __future__ import annotations
