@@ -65,7 +65,8 @@ def test_the_reference_is_the_unscheduled_program_on_every_core():
             loops = [sch.get(loop) for loop in sch.get_loops(block_rv)]
             block, realize = sch.get(block_rv), loops[-1].body
             reducing = [var for iv, value in zip(block.iter_vars, realize.iter_values)
-                        if int(iv.iter_type) != 0 for var in tvm.tirx.analysis.undefined_vars(value)]
+                        if iv.iter_type != tvm.tirx.IterVar.DataPar
+                        for var in tvm.tirx.analysis.undefined_vars(value)]
             assert loops[0].kind == tvm.tirx.ForKind.PARALLEL, (name, ref.script())
             assert not any(v.same_as(loop.loop_var) for loop in loops if loop.kind == tvm.tirx.ForKind.PARALLEL
                            for v in reducing), (name, ref.script())

@@ -24,9 +24,6 @@ from .timing import REPORT
 
 logger = logging.getLogger("ansor")
 
-#: TVM's IterVar kinds of a block iterator: data-parallel and reduction (others, e.g. opaque, stay serial).
-SPATIAL_ITER, REDUCE_ITER = 0, 2
-
 
 def schedule(task: SearchTask, state: Optional[State]) -> tvm.IRModule:
     """The scheduled module of ``state`` (``None``: the unscheduled program); it takes the original arguments
@@ -66,15 +63,17 @@ def _parallel_loops(sch: tvm.s_tir.Schedule, block_rv) -> list:
     """The leading loops of a block that may run in parallel (see :func:`reference`)."""
     block, loops = sch.get(block_rv), sch.get_loops(block_rv)
     realize = sch.get(loops[-1]).body
-    kinds = {int(iv.iter_type) for iv in block.iter_vars}
-    if not kinds <= {SPATIAL_ITER, REDUCE_ITER} or not isinstance(block.body, tvm.tirx.BufferStore):
+    kinds = {iv.iter_type for iv in block.iter_vars}  # others, e.g. opaque, stay serial
+    if not kinds <= {tvm.tirx.IterVar.DataPar, tvm.tirx.IterVar.CommReduce} \
+            or not isinstance(block.body, tvm.tirx.BufferStore):
         return []
     store_vars = [index for index in block.body.indices if isinstance(index, tvm.tirx.Var)]
     spatial, reducing = [], []
     for iv, value in zip(block.iter_vars, realize.iter_values):
-        if int(iv.iter_type) == SPATIAL_ITER and not any(iv.var.same_as(v) for v in store_vars):
+        data_par = iv.iter_type == tvm.tirx.IterVar.DataPar
+        if data_par and not any(iv.var.same_as(v) for v in store_vars):
             return []
-        (spatial if int(iv.iter_type) == SPATIAL_ITER else reducing).extend(tvm.tirx.analysis.undefined_vars(value))
+        (spatial if data_par else reducing).extend(tvm.tirx.analysis.undefined_vars(value))
     lead = []
     for loop_rv in loops:
         var = sch.get(loop_rv).loop_var
