@@ -221,8 +221,7 @@ def amx_padded_rows(rows: int) -> Optional[int]:
     padding would cost more, or there are fewer than 16 (a handful of rows is not worth a tile)."""
     if rows < 16 or any(rows % m == 0 for m in AMX_ROWS):
         return None
-    options = [(-(-rows // m), -m, -(-rows // m) * m) for m in AMX_ROWS]
-    fits = [option for option in options if option[2] - rows <= MAX_PADDED_ROWS * rows]
+    fits = [(padded // m, -m, padded) for m in AMX_ROWS if (padded := padded_to(rows, m)) is not None]
     return min(fits)[2] if fits else None
 
 
