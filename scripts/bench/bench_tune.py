@@ -189,14 +189,10 @@ def main() -> int:
     bf16 = args.precision == "bf16"
     workloads = args.wkl or (["matmul-512", "matmul-2048"] if bf16 else ["matmul-512", "nhwc-resnet-50.C2"])
     if bf16:
-        try:
-            require_bf16_unit(target)
-        except AnsorError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
         from ansor.task.precision import Precision, workload_in
         from ansor.task.search_task import SearchTask
-        try:  # every workload's bf16 form, before anything is timed
+        try:  # the CPU's bf16 unit, then every workload's bf16 form, before anything is timed
+            require_bf16_unit(target)
             for wkl in workloads:
                 SearchTask.from_workload(workload_in(wkl, Precision.BF16))
         except AnsorError as err:
