@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any, Mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's ansor, whichever one is installed
@@ -36,12 +38,10 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def fingerprints(network: str, target: str, logs: list[str]) -> list[str]:
-    """One line per fp32 task of ``network`` on ``target`` (see the module docstring)."""
-    import random
-
+def fingerprints(network: str, target: str, best: Mapping[str, Any]) -> list[str]:
+    """One line per fp32 task of ``network`` on ``target`` (see the module docstring); ``best``: the logs'
+    best record by workload key."""
     from ansor import codegen
-    from ansor.log.records import best_records, load_records
     from ansor.networks.default_schedule import default_state
     from ansor.networks.extract import extract
     from ansor.networks.registry import get_network
@@ -51,7 +51,6 @@ def fingerprints(network: str, target: str, logs: list[str]) -> list[str]:
     def assembly(task, state) -> str:
         return _digest(codegen.compile(program.schedule(task, state), task.target).mod.inspect_source("asm"))
 
-    best = best_records(load_records(logs)) if logs else {}
     lines = []
     for t in extract(get_network(network), target).tasks:
         task = t.task
@@ -105,8 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     logs = [str(Path(log).resolve()) for log in args.log]
     try:
         commit = _commit(args.base) if args.base else ""
+        from ansor.log.records import best_records, load_records
+
+        best = best_records(load_records(logs)) if logs else {}
         lines = [line for target in args.target for network in args.network
-                 for line in fingerprints(network, target, logs)]
+                 for line in fingerprints(network, target, best)]
         rest = ["--network", *args.network, "--target", *args.target] + (["--log", *logs] if logs else [])
         base = _at_base(commit, rest) if commit else []
     except (AnsorError, ValueError, OSError, RuntimeError, subprocess.SubprocessError) as err:  # TVM's: RuntimeError

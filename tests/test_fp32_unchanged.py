@@ -24,9 +24,9 @@ def _script():
 
 def test_fingerprints_tell_other_code_apart():
     fingerprints = _script().fingerprints
-    avx2 = fingerprints("tiny-cnn", AVX2, [])
+    avx2 = fingerprints("tiny-cnn", AVX2, {})
     assert len(avx2) == 7 and all(" default=" in line and line.endswith(" best=-") for line in avx2), avx2
-    avx512 = fingerprints("tiny-cnn", AVX512, [])
+    avx512 = fingerprints("tiny-cnn", AVX512, {})
     defaults = lambda lines: [line.split(" default=")[1] for line in lines]  # noqa: E731
     assert sum(a != b for a, b in zip(defaults(avx2), defaults(avx512))) >= 1, (avx2, avx512)
 
