@@ -272,6 +272,16 @@ def test_in_network_over_alone_counts_only_tasks_timed_in_full_alone():
     assert np.isnan(report.in_network_over_alone())
 
 
+def test_a_bf16_task_is_held_against_the_bf16_peak():
+    """On a CPU whose bf16 unit doubles the fp32 peak, a bf16 layer at 400 GFLOPS is not 1.7x the peak."""
+    from ansor.bench.peak import Peak
+    peak = Peak(threads=2, fma_gflops=234.0, fma_config="", sgemm_gflops=200.0, sgemm_note="", bf16_gflops=468.0)
+    assert TaskRow("conv", 1, 1.0, 1.0, 400.0, bf16=True).of_peak(peak) == pytest.approx(400 / 468)
+    assert TaskRow("conv", 1, 1.0, 1.0, 200.0).of_peak(peak) == pytest.approx(200 / 234)
+    no_unit = Peak(threads=2, fma_gflops=234.0, fma_config="", sgemm_gflops=200.0, sgemm_note="")
+    assert TaskRow("conv", 1, 1.0, 1.0, 200.0, bf16=True).of_peak(no_unit) == pytest.approx(200 / 234)
+
+
 def test_provenance_commands_rerun_from_the_repository(tmp_path):
     """No absolute directory of the machine that measured: the work dir and docs root are the reader's."""
     from ansor.bench.docs import portable

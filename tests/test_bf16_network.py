@@ -9,10 +9,7 @@ target the same tasks are compiled and their assembly holds ``vdpbf16ps``.
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,14 +21,14 @@ import ansor
 from ansor import codegen
 from ansor.bench.network_report import ModelReport, result_cells, result_header
 from ansor.bench.peers import PeerResult
-from ansor.bench.zoo_bench import run_key, zoo_section
+from ansor.bench.zoo_bench import matches_ort, run_key, zoo_section
 from ansor.cli.logs import log_name, network_from_log_name, precision_from_log_name
 from ansor.host_cpu import MatrixUnit, allow_amx, host_cpu
 from ansor.log.records import load_records
 from ansor.networks import NetworkError, apply_history_best, apply_schedules, build, compare_outputs, extract
-from ansor.networks.bf16 import BF16_BUILD_RTOL, amx_padded_rows, pack_weight, padded_to
+from ansor.networks.bf16 import BF16_BUILD_RTOL, BF16_VS_FP32_RTOL, amx_padded_rows, pack_weight, padded_to
 from ansor.networks.default_schedule import default_state
-from ansor.networks.evaluate import run
+from ansor.networks.evaluate import OutputComparison, run
 from ansor.relax import as_network, export_network, tune_tasks
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.state.loop_nest import AttachKind
@@ -374,6 +371,15 @@ def test_a_bf16_benchmark_compares_with_every_runtime_at_its_default_precision()
     assert run_key("vit-b-16", "bf16") == "vit-b-16-bf16" and run_key("vit-b-16", "fp32") == "vit-b-16"
 
 
+def test_a_bf16_zoo_row_shows_openvinos_bf16_error_beside_ansors():
+    ovino = PeerResult("OpenVINO 2026.4.1 (bf16, its default here)", 3.0, 3.0, precision="bf16")
+    report = ModelReport("resnet50", "bf16", peers=[ovino], tuned_ms=6.0, reduced=[(ovino, 4.52e-3)],
+                         vs_ort=OutputComparison(3.6e-3, 1.0, BF16_VS_FP32_RTOL, 0.0))
+    assert matches_ort(report) == "yes (3.6e-03; OpenVINO 2026.4.1 in bf16: 4.5e-03)"
+    report.precision = "fp32"  # an fp32 run leaves OpenVINO's bf16 row out of its ratios and this cell
+    assert matches_ort(report) == "yes (3.6e-03)"
+
+
 NO_UNIT_CASES = [["tune", "--network", "tiny-cnn", "--precision", "bf16", "--n-trials", "4"],
                  ["export", "{log}", "--network", "tiny-cnn", "--out", "{out}"],
                  ["bench", "--precision", "bf16", "--models", "resnet-50", "--minutes", "1"]]
@@ -399,3 +405,4 @@ def test_network_bf16_on_a_cpu_without_the_unit_is_one_error_line(case, no_unit_
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1, stderr
     assert "avx512_bf16" in errors[0] and "Traceback" not in stderr
+

@@ -196,8 +196,10 @@ def alternate(report: ModelReport, tuned, default, extraction, onnx: Path, feed:
 def breakdown(report: ModelReport, extraction, log: Path, target) -> None:
     """Per task: its time in the tuned build (from the call profile), alone (the full timing of the state
     the build runs, the log's fastest or the network-level selection's choice; NaN when it has none) and
-    GFLOPS in the network; and the other functions the VM calls, by time."""
+    GFLOPS in the network (bf16: the task holds bf16 bits, so its products run on the bf16 unit); and the other
+    functions the VM calls, by time."""
     from ..log.records import best_records, distinct_records, load_records
+    from ..state.tensor_intrin import BF16_BITS
     records = load_records(log, target=target, selections=True)
     best = best_records(records)
     # Timed in full only: a probe's one run condemns a program the tuner took for slow, and a preempted one
@@ -215,7 +217,8 @@ def breakdown(report: ModelReport, extraction, log: Path, target) -> None:
         measured = alone.get((t.workload_key, rec.steps))
         report.breakdown.append(TaskRow(t.name, t.weight, ms,
                                         t.weight * measured.result.mean_cost * 1e3 if measured else math.nan,
-                                        t.weight * t.task.flop_ct / max(ms, 1e-9) / 1e6))
+                                        t.weight * t.task.flop_ct / max(ms, 1e-9) / 1e6,
+                                        BF16_BITS in t.task.compute_dag.buffer_dtypes.values()))
     report.breakdown.sort(key=lambda row: -row.network_ms)
     report.outside = sorted(((name, ms) for name, ms in profile.ms.items() if name not in in_tasks),
                             key=lambda kv: -kv[1])
@@ -402,7 +405,7 @@ def run_networks(args: argparse.Namespace) -> int:
             models.append((name, path, name))
     reports = [bench_model(name, path, args, target, threads, work, torch_name) for name, path, torch_name in models]
     for report in reports:
-        print_report(report, at.peak.gflops, threads)
+        print_report(report, at.peak, threads)
     if args.plot:
         plot(reports, args.plot)
     if args.write_docs:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..task.precision import Precision
 from .docs import Provenance, markdown_table, section_key, write_section
+from .peak import Peak
 from .peers import PeerResult
 
 OURS = "ansor, tuned"  # the tuned build's row among the in-turn timings
@@ -82,13 +83,19 @@ class ModelReport:
 class TaskRow:
     """One tuned task in the tuned build: its calls per inference, the milliseconds they take in the
     network (timed in place), the same calls timed alone during tuning (weight x the state's full timing;
-    NaN when it was only probed), and the GFLOPS they reach in the network."""
+    NaN when it was only probed), the GFLOPS they reach in the network, and whether its products run on
+    the bf16 unit (its "of peak" is then against the bf16 peak)."""
 
     name: str
     weight: int
     network_ms: float
     alone_ms: float
     gflops: float
+    bf16: bool = False
+
+    def of_peak(self, peak: Peak) -> float:
+        """Its GFLOPS over the peak of the unit it computes on."""
+        return self.gflops / (peak.bf16_gflops if self.bf16 and peak.bf16_gflops else peak.gflops)
 
 
 def _finite_sum(values) -> float:
@@ -99,7 +106,7 @@ def _ms(value: float) -> str:
     return f"{value:.2f}" if math.isfinite(value) else "-"
 
 
-def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
+def print_report(report: ModelReport, peak: Peak, threads: int) -> None:
     print(f"\n== {report.name} (batch 1, {threads} threads) ==")
     rows = [(f"ansor, tuned {report.tuning_s / 60:.1f} min / {report.trials} trials", report.tuned_ms),
             ("ansor, default build (untuned)", report.default_ms)]
@@ -139,7 +146,7 @@ def print_report(report: ModelReport, peak_gflops: float, threads: int) -> None:
     print(f"{'task':<58}{'x':>4}{'ms':>8}{'share':>7}{'GFLOPS':>8}{'of peak':>8}{'alone ms':>9}")
     for row in report.breakdown[:15]:
         print(f"{row.name[:57]:<58}{row.weight:>4}{row.network_ms:>8.2f}{row.network_ms / profile.latency_ms:>7.1%}"
-              f"{row.gflops:>8.1f}{row.gflops / peak_gflops:>8.2f}{_ms(row.alone_ms):>9}")
+              f"{row.gflops:>8.1f}{row.of_peak(peak):>8.2f}{_ms(row.alone_ms):>9}")
     rest = report.breakdown[15:]
     if rest:
         print(f"{f'{len(rest)} more tasks':<58}{'':>4}{sum(r.network_ms for r in rest):>8.2f}"

@@ -186,11 +186,14 @@ def _escape(text: str) -> str:
 
 
 def matches_ort(report: ModelReport) -> str:
-    """Whether ansor's outputs match ONNX Runtime's within the scaled tolerance, and the error over the scale."""
+    """Whether ansor's outputs match ONNX Runtime's within the scaled tolerance, and the error over the scale;
+    in bf16 also the error of each runtime that computes in a reduced precision (OpenVINO's bf16), the same way."""
     c = report.vs_ort
     if c is None:
         return "no ONNX Runtime" if report.fastest_peer() is None else "outputs differ in shape"
-    return f"{'yes' if c.ok else '**no**'} ({c.max_abs_error / max(c.scale, 1e-30):.1e})"
+    theirs = "".join(f"; {peer.name.split(' (')[0]} in {peer.precision}: {error:.1e}" for peer, error in report.reduced
+                     if report.precision != "fp32")
+    return f"{'yes' if c.ok else '**no**'} ({c.max_abs_error / max(c.scale, 1e-30):.1e}{theirs})"
 
 
 def zoo_row(r: ZooResult) -> tuple[tuple[str, ...], float]:
@@ -231,7 +234,8 @@ def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: floa
                     f"own run, the date above is the table's): {earlier}")
     bf16 = precision != "fp32"
     tolerance = ("within 5 % of the output's scale of ONNX Runtime's float32 outputs (bf16's tolerance, "
-                 "`ansor.networks.bf16.BF16_VS_FP32_RTOL`)" if bf16 else
+                 "`ansor.networks.bf16.BF16_VS_FP32_RTOL`); after the semicolon OpenVINO's bf16 error, the same way"
+                 if bf16 else
                  "within the tolerance tuned builds are checked with (`ansor.networks.compare_outputs`)")
     return (f"## Model zoo{' in bf16' if bf16 else ''} after {minutes:g} minutes of tuning each\n\n"
             f"{provenance.markdown()}\n{table}\n\n"
@@ -325,7 +329,7 @@ def run_zoo(args: argparse.Namespace) -> int:
         print(f"[{i}/{len(models)}] {model.name} ({model.family}, {model.source})", flush=True)
         results.append(bench_zoo_model(model, args, at.target, at.threads, at.work, say=lambda s: print(s, flush=True)))
         if results[-1].report is not None:
-            print_report(results[-1].report, at.peak.gflops, at.threads)
+            print_report(results[-1].report, at.peak, at.threads)
     provenance = Provenance.here(cpu_description())
     if args.reuse_timings and args.write_docs:
         docs = Path(args.write_docs) / "docs" / "benchmarks.md"
