@@ -406,3 +406,37 @@ def test_network_bf16_on_a_cpu_without_the_unit_is_one_error_line(case, no_unit_
     assert code == 2 and len(errors) == 1, stderr
     assert "avx512_bf16" in errors[0] and "Traceback" not in stderr
 
+
+@tvm.script.ir_module
+class Stem:  # an RGB image's first convolution: 3 input channels, an odd reduction
+    @R.function
+    def main(x: R.Tensor((1, 16, 16, 3), "float32"), w: R.Tensor((7, 7, 3, 16), "float32")):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, strides=2, padding=3, data_layout="NHWC", kernel_layout="HWIO")
+            R.output(y)
+        return y
+
+
+@pytest.mark.parametrize("target", [PORTABLE, AMX], ids=["vdpbf16ps", "amx-phases"])
+def test_an_rgb_stem_reads_a_zero_fourth_channel(target):
+    """Its 3 channels are rounded into an A16 of 4, the fourth zero, and the weight packed in 2 k pairs (for
+    AMX too, where the strided convolution reads its input in phases)."""
+    [extracted] = extract(as_network(Stem, params_of(Stem)), target, precision=BF16).tasks
+    task = extracted.task
+    assert "bfloat_conv2d" in extracted.name
+    a16 = str(task.compute_dag).splitlines()[0]
+    assert a16.startswith("A16[") and a16.rstrip().endswith(":S4]"), a16
+    assert "< T.int64(3)" in program.schedule(task, None)["main"].script()  # x read only below channel 3
+    [packed] = [a for a in program.random_inputs(task) if a.dtype == np.uint16]
+    assert packed.shape[-3:] == (2, 16, 2)
+
+
+def test_an_rgb_stem_computes_the_bf16_product_of_its_three_channels():
+    params = params_of(Stem)
+    ex, exe = default_build(Stem, params, PORTABLE)
+    x = np.random.default_rng(7).uniform(-1, 1, (1, 16, 16, 3)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    xp, w = np.pad(bf16(x), ((0, 0), (3, 3), (3, 3), (0, 0))), bf16(params["w"])
+    want = sum(xp[:, kh:kh + 16:2, kw:kw + 16:2, :] @ w[kh, kw] for kh in range(7) for kw in range(7))
+    assert got.shape == want.shape == (1, 8, 8, 16)
+    assert np.abs(got - want).max() <= 196 * 2.0 ** -23 * np.abs(want).max()

@@ -21,8 +21,10 @@ strided convolution reads its input in phases (:func:`_phased_conv_product`), so
 reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads).
 
 The PrimFunc is marked output-element-wise fusable, so ``FuseOps`` gives it the layer's epilogue (bias, ReLU,
-residual add) as for an fp32 convolution. A layer whose output channels are not a multiple of 16 or whose
-reduction has an odd channel count stays fp32 (a classifier of 1000 classes: 1000 = 16 x 62.5).
+residual add) as for an fp32 convolution. A convolution of an odd number of input channels (an RGB stem's 3)
+reads them as one more, a zero channel in ``A16`` and in the weight (:func:`even_channels`). A layer whose
+output channels are not a multiple of 16, or a dense layer whose reduction is odd, stays fp32 (a classifier of
+1000 classes: 1000 = 16 x 62.5).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from ..state.tensor_intrin import AMX_ROWS, bf16_bits, bf16_to_f32, round_to_bf16
+from ..state.tensor_intrin import AMX_ROWS, bf16_to_f32, round_to_bf16
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_bits_where, bf16_matmul, bf16_rounded, unpadded
 from .calls import mutate_relax_functions
 from .conv_rewrite import bound_constant, ungrouped_nhwc
@@ -54,6 +56,9 @@ MAX_PADDED_ROWS = 1 / 8
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
+#: The fewest input channels an odd count is padded with a zero channel from: ResNet-50's RGB stem (3 as 4, a
+#: third more products) took 0.89 ms in bf16 against 1.26 in fp32 (Zen 4, 64 trials each); 1 would double them.
+MIN_ODD_CHANNELS = 3
 #: TVM's op pattern kOutEWiseFusable: an element-wise epilogue fuses into the product, as into a convolution.
 _OUT_FUSABLE = {"op_pattern": 4}
 
@@ -84,6 +89,22 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
 def packable(weight: np.ndarray) -> bool:
     """A float32 weight whose output channels fill whole dot products and whose reduction is in pairs."""
     return weight.dtype == np.float32 and weight.shape[-1] % BF16_LANES == 0 and weight.shape[-2] % BF16_PAIR == 0
+
+
+def even_channels(weight: np.ndarray) -> np.ndarray:
+    """An HWIO weight of an odd number (at least :data:`MIN_ODD_CHANNELS`) of input channels with a zero
+    channel added, so that its reduction comes in k pairs (an RGB stem's 3 as 4); else ``weight`` itself."""
+    ci = weight.shape[-2]
+    if ci % BF16_PAIR == 0 or ci < MIN_ODD_CHANNELS:
+        return weight
+    return np.concatenate([weight, np.zeros_like(weight[..., :1, :])], axis=-2)
+
+
+def _channel_bits(data: te.Tensor, channels: int, inside: list, *index) -> tvm.tirx.PrimExpr:
+    """``data[index]`` as bf16 bits where ``inside`` holds, in an ``A16`` of ``channels`` channels: zero in
+    the channel :func:`even_channels` adds."""
+    ci = int(data.shape[-1])
+    return bf16_bits_where(inside + ([index[-1] < ci] if channels != ci else []), data[index])
 
 
 def _float32(expr: relax.Expr) -> bool:
@@ -121,8 +142,10 @@ class _BF16Products(relax.PyExprMutator):
 
     def _conv(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         a = call.attrs
-        if not (ungrouped_nhwc(call) and packable(weight) and _float32(call.args[0])
-                and str(a.out_dtype) in ("", "None", "float32")):
+        if not (ungrouped_nhwc(call) and _float32(call.args[0]) and str(a.out_dtype) in ("", "None", "float32")):
+            return None
+        weight = even_channels(weight)
+        if not packable(weight):
             return None
         self.convs += 1
         strides, padding = [int(s) for s in a.strides], [int(p) for p in a.padding]
@@ -167,7 +190,8 @@ class _BF16Products(relax.PyExprMutator):
 def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
                   padding: list[int], dilation: list[int]) -> te.Tensor:
     """NHWC output of the convolution of ``data`` (rounded, padded: ``A16``) by the packed weight."""
-    n, h, w, ci = (int(d) for d in data.shape)
+    n, h, w, _ = (int(d) for d in data.shape)
+    ci = int(packed.shape[-3]) * BF16_PAIR
     kh, kw = taps
     top, left, bottom, right = padding
     padded = (n, h + top + bottom, w + left + right, ci)
@@ -176,8 +200,8 @@ def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], str
 
     def rounded(b, y, x, c):
         if not any(padding):
-            return bf16_bits(data[b, y, x, c])
-        return bf16_bits_where([y >= top, y < h + top, x >= left, x < w + left], data[b, y - top, x - left, c])
+            return _channel_bits(data, ci, [], b, y, x, c)
+        return _channel_bits(data, ci, [y >= top, y < h + top, x >= left, x < w + left], b, y - top, x - left, c)
 
     a16 = te.compute(padded, rounded, name="A16")
     out_h = (padded[1] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
@@ -196,10 +220,11 @@ def _subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) 
     """A strided 1x1 convolution as a product over the pixels it reads, gathered as they are rounded
     (``A16``): a row of outputs is then a box of ``A16``, as an AMX tile loads it, where in ``data`` it is
     every second pixel (a stride-2 tile's rows, which TensorIR cannot match to a box)."""
-    n, h, w, ci = (int(d) for d in data.shape)
+    n, h, w, _ = (int(d) for d in data.shape)
+    ci = int(packed.shape[-3]) * BF16_PAIR
     sy, sx = strides
     shape = (n, (h - 1) // sy + 1, (w - 1) // sx + 1, ci)
-    a16 = te.compute(shape, lambda b, y, x, c: bf16_bits(data[b, y * sy, x * sx, c]), name="A16")
+    a16 = te.compute(shape, lambda b, y, x, c: _channel_bits(data, ci, [], b, y * sy, x * sx, c), name="A16")
     rc = te.reduce_axis((0, ci), name="rc")
     return te.compute((*shape[:3], packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
         bf16_to_f32(a16[b, y, x, rc])
@@ -254,7 +279,8 @@ def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, in
     y + qy, x + qx, c]``, so consecutive outputs read consecutive pixels of a phase: a row of outputs is a box,
     as an AMX tile loads it, where in the activation it is every second pixel. The reduction runs over
     ``qy, py, qx, px`` and the channels, the taps past the kernel's zero (:func:`phase_weight`)."""
-    n, h, w, ci = (int(d) for d in data.shape)
+    n, h, w, _ = (int(d) for d in data.shape)
+    ci = int(packed.shape[-3]) * BF16_PAIR
     (kh, kw), (sy, sx) = taps, strides
     top, left, bottom, right = padding
     qh, qw = -(-kh // sy), -(-kw // sx)
@@ -262,7 +288,7 @@ def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, in
 
     def rounded(b, py, px, y, x, c):
         yy, xx = y * sy + py - top, x * sx + px - left
-        return bf16_bits_where([yy >= 0, yy < h, xx >= 0, xx < w], data[b, yy, xx, c])
+        return _channel_bits(data, ci, [yy >= 0, yy < h, xx >= 0, xx < w], b, yy, xx, c)
 
     a16 = te.compute((n, sy, sx, out_h + qh - 1, out_w + qw - 1, ci), rounded, name="A16")
     qy, py = te.reduce_axis((0, qh), name="qy"), te.reduce_axis((0, sy), name="py")
