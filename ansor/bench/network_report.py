@@ -203,7 +203,8 @@ RESULT_NOTE = ("Each model: batch 1, float32, every contender with this machine'
 BF16_NOTE = ("Each model: batch 1, ansor in bf16 (convolutions' and dense layers' inputs rounded to bf16, sums "
              "fp32), every runtime in its default precision on this CPU (OpenVINO's is bf16 where the CPU has "
              "native bf16), all with this machine's physical cores as threads; \"output vs ONNX Runtime\" is "
-             "ansor's error against ONNX Runtime's float32 output, OpenVINO's own is printed by the run. "
+             "ansor's error against ONNX Runtime's float32 output (OpenVINO's bf16 error: beside it in the zoo's "
+             "table, and printed by every run). "
              + RESULT_NOTE.split("; ", 1)[1])
 
 

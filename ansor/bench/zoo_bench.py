@@ -234,14 +234,15 @@ def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: floa
                     f"own run, the date above is the table's): {earlier}")
     bf16 = precision != "fp32"
     tolerance = ("within 5 % of the output's scale of ONNX Runtime's float32 outputs (bf16's tolerance, "
-                 "`ansor.networks.bf16.BF16_VS_FP32_RTOL`); after the semicolon OpenVINO's bf16 error, the same way"
-                 if bf16 else
+                 "`ansor.networks.bf16.BF16_VS_FP32_RTOL`)" if bf16 else
                  "within the tolerance tuned builds are checked with (`ansor.networks.compare_outputs`)")
+    theirs = " (after the semicolon: OpenVINO's bf16 output's, the same way)" if bf16 else ""
     return (f"## Model zoo{' in bf16' if bf16 else ''} after {minutes:g} minutes of tuning each\n\n"
             f"{provenance.markdown()}\n{table}\n\n"
             f"Geometric mean of ansor / {peers_label(precision)}: **{geomean:.2f}** over the {count} "
             f"of {len(results)} models that ran. {BF16_NOTE if bf16 else RESULT_NOTE} \"matches ONNX Runtime\": "
-            f"every output {tolerance}, in brackets the largest difference over the output's scale. Random "
+            f"every output {tolerance}, in brackets the largest difference over the output's scale"
+            f"{theirs}. Random "
             f"weights, batch 1, opset 17; sources: {sources}.\n")
 
 
