@@ -39,6 +39,7 @@ from ansor.state.tensor_intrin import TENSORIZE, BF16Intrin, bf16_bits_to_f32, r
 from ansor.task import program
 from ansor.task.precision import Precision
 from ansor.task.search_task import SearchTask
+from test_bf16_network import conv_network
 
 AMX = {"kind": "llvm", "mcpu": "sapphirerapids", "mtriple": "x86_64-linux-gnu", "num-cores": 2}
 M, N, K = 64, 64, 256
@@ -368,14 +369,8 @@ def test_a_dense_layer_of_197_rows_runs_on_tiles_of_its_rows_padded(emulator):
         assert ran.products == 208 // 16 * 2 * 2 and ran.configurations < ran.products
 
 
-@tvm.script.ir_module
-class StridedConv:  # ResNet's downsampling 3x3 convolution: stride 2, its input in phases for AMX tiles
-    @R.function
-    def main(x: R.Tensor((1, 28, 28, 32), "float32"), w: R.Tensor((3, 3, 32, 32), "float32")):
-        with R.dataflow():
-            y = R.nn.conv2d(x, w, strides=2, padding=1, data_layout="NHWC", kernel_layout="HWIO")
-            R.output(y)
-        return y
+#: ResNet's downsampling 3x3 convolution: stride 2, its input in phases for AMX tiles.
+StridedConv = conv_network((1, 28, 28, 32), (3, 3, 32, 32), strides=2, padding=1)
 
 
 def strided_conv(seed: int):

@@ -52,14 +52,19 @@ class Dense:
         return y
 
 
-@tvm.script.ir_module
-class Conv:
-    @R.function
-    def main(x: R.Tensor((1, 9, 9, 4), "float32"), w: R.Tensor((3, 3, 4, 16), "float32")):
-        with R.dataflow():
-            y = R.nn.conv2d(x, w, strides=2, padding=1, dilation=1, data_layout="NHWC", kernel_layout="HWIO")
-            R.output(y)
-        return y
+def conv_network(x: tuple[int, ...], w: tuple[int, ...], strides: int, padding: int = 0) -> tvm.IRModule:
+    """A network that is one NHWC/HWIO convolution of its input ``x`` by the weight ``w``."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (("x", x), ("w", w))]
+    with bb.function("main", args):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.conv2d(*args, strides=strides, padding=padding, data_layout="NHWC",
+                                                  kernel_layout="HWIO"))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+Conv = conv_network((1, 9, 9, 4), (3, 3, 4, 16), strides=2, padding=1)
 
 
 @tvm.script.ir_module
@@ -193,14 +198,7 @@ def test_a_strided_padded_convolution_computes_bf16_inputs():
     assert np.abs(got - want).max() <= 36 * 2.0 ** -23 * np.abs(want).max()
 
 
-@tvm.script.ir_module
-class Downsample:  # ResNet's projection shortcut: a 1x1 convolution of stride 2
-    @R.function
-    def main(x: R.Tensor((1, 28, 28, 32), "float32"), w: R.Tensor((1, 1, 32, 64), "float32")):
-        with R.dataflow():
-            y = R.nn.conv2d(x, w, strides=2, data_layout="NHWC", kernel_layout="HWIO")
-            R.output(y)
-        return y
+Downsample = conv_network((1, 28, 28, 32), (1, 1, 32, 64), strides=2)  # ResNet's projection shortcut
 
 
 def test_a_strided_1x1_convolution_rounds_only_the_pixels_it_reads_into_amx_rows():
@@ -407,14 +405,7 @@ def test_network_bf16_on_a_cpu_without_the_unit_is_one_error_line(case, no_unit_
     assert "avx512_bf16" in errors[0] and "Traceback" not in stderr
 
 
-@tvm.script.ir_module
-class Stem:  # an RGB image's first convolution: 3 input channels, an odd reduction
-    @R.function
-    def main(x: R.Tensor((1, 16, 16, 3), "float32"), w: R.Tensor((7, 7, 3, 16), "float32")):
-        with R.dataflow():
-            y = R.nn.conv2d(x, w, strides=2, padding=3, data_layout="NHWC", kernel_layout="HWIO")
-            R.output(y)
-        return y
+Stem = conv_network((1, 16, 16, 3), (7, 7, 3, 16), strides=2, padding=3)  # an RGB stem: an odd reduction
 
 
 @pytest.mark.parametrize("target", [PORTABLE, AMX], ids=["vdpbf16ps", "amx-phases"])
