@@ -19,7 +19,7 @@ def test_fma_probe_builds_for_this_cpu_and_measures_work():
 
 
 def test_numpy_runs_the_fastest_openblas_kernels_it_found():
-    kernels = peak.openblas_kernels(threads=1)
+    kernels = peak.openblas_kernels(1)
     assert kernels == "" or kernels.isidentifier()  # OpenBLAS's own name for them, e.g. "Haswell"
     assert peak.numpy_gemm_gflops(128, 128, 128, threads=1, seconds=0.05, kernels=kernels) > 0.1
     assert peak.sgemm_gflops(threads=1, n=128)[1].endswith(f"{kernels or 'its own choice of'} kernels")

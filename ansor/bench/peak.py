@@ -231,9 +231,12 @@ OPENBLAS_CORETYPES = ("Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapid
 
 
 @functools.lru_cache(maxsize=None)
-def openblas_kernels(threads: int) -> str:
+def openblas_kernels(threads: int, /) -> str:
     """The OpenBLAS kernel family whose 512^3 sgemm is fastest on this CPU with ``threads`` threads, whatever
-    the environment's ``OPENBLAS_CORETYPE`` says; "" if OpenBLAS never named its kernels."""
+    the environment's ``OPENBLAS_CORETYPE`` says; "" if OpenBLAS never named its kernels.
+
+    Positional only, so that every caller shares one cached measurement: ``lru_cache`` keys ``f(1)`` and
+    ``f(threads=1)`` apart, and two races between close families (Haswell, SkylakeX on Zen 4) can disagree."""
     best, kernel = 0.0, ""
     own = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}  # OpenBLAS's own detection
     for coretype in (None, *OPENBLAS_CORETYPES):
