@@ -37,6 +37,16 @@ class PeerResult:
     missing: str = ""
     precision: str = "f32"  # the arithmetic it ran; only f32 rows are ansor's like-for-like peers
 
+    @property
+    def runtime(self) -> str:
+        """The runtime and its version alone: ``name`` less the note a default-precision row carries."""
+        return self.name.removesuffix(default_precision_note(self.precision))
+
+
+def default_precision_note(precision: str) -> str:
+    """What a runtime's name carries when it ran in its own default ``precision`` rather than f32."""
+    return f" ({precision}, its default here)"
+
 
 def time_calls(run: Callable[[], object], repeat: int = 10, min_repeat_ms: float = 200.0,
                warmup: int = 3) -> tuple[float, float]:
@@ -87,7 +97,7 @@ def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: 
         return PeerResult("OpenVINO", missing="pip install openvino (the bench extra)")
     name = f"OpenVINO {ov.__version__.split('-')[0]}"
     if precision != "f32":
-        name += f" ({precision}, its default here)"
+        name += default_precision_note(precision)
 
     def run() -> PeerResult:
         core = ov.Core()

@@ -191,7 +191,7 @@ def matches_ort(report: ModelReport) -> str:
     c = report.vs_ort
     if c is None:
         return "no ONNX Runtime" if report.fastest_peer() is None else "outputs differ in shape"
-    theirs = "".join(f"; {peer.name.split(' (')[0]} in {peer.precision}: {error:.1e}" for peer, error in report.reduced
+    theirs = "".join(f"; {peer.runtime} in {peer.precision}: {error:.1e}" for peer, error in report.reduced
                      if report.precision != "fp32")
     return f"{'yes' if c.ok else '**no**'} ({c.max_abs_error / max(c.scale, 1e-30):.1e}{theirs})"
 
