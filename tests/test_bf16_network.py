@@ -32,7 +32,7 @@ from ansor.networks.evaluate import OutputComparison, run
 from ansor.relax import as_network, export_network, tune_tasks
 from ansor.sketch.search_space import generate_sketches, sample_initial_population
 from ansor.state.loop_nest import AttachKind
-from ansor.state.tensor_intrin import TENSORIZE, BF16Intrin, bf16_bits_to_f32, round_to_bf16
+from ansor.state.tensor_intrin import BF16_BITS, TENSORIZE, BF16Intrin, bf16_bits_to_f32, round_to_bf16
 from ansor.task import program
 from ansor.task.precision import Precision
 
@@ -284,9 +284,9 @@ def intrinsics_of(state) -> list[str]:
 def test_an_amx_target_searches_amx_tiles_where_rows_fill_them():
     """Both convolutions' rows fill 16-row tiles: the stride-2 one's as a box of its input in phases."""
     strided, wide = sorted(amx_tasks(), key=lambda t: t.flop_ct)
-    for task in (wide, strided):
-        assert [intrinsics_of(s) for s in generate_sketches(task)] == [[BF16Intrin.AMX_TILE_16x16x32.value],
-                                                                       [BF16Intrin.AVX512_DOT_16x2.value]]
+    for task in (wide, strided):  # the wide one's epilogue (its output stored as bf16 bits) adds fused sketches
+        sketches = {tuple(intrinsics_of(s)) for s in generate_sketches(task)}
+        assert sketches == {(BF16Intrin.AMX_TILE_16x16x32.value,), (BF16Intrin.AVX512_DOT_16x2.value,)}
     assert "A16[v_b, v_py, v_px, v_y, v_x, v_c]" in str(strided.compute_dag)
     states = sample_initial_population(wide, generate_sketches(wide), 8, random.Random(0))
     amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_16x16x32.value]]
@@ -431,3 +431,41 @@ def test_an_rgb_stem_computes_the_bf16_product_of_its_three_channels():
     want = sum(xp[:, kh:kh + 16:2, kw:kw + 16:2, :] @ w[kh, kw] for kh in range(7) for kw in range(7))
     assert got.shape == want.shape == (1, 8, 8, 16)
     assert np.abs(got - want).max() <= 196 * 2.0 ** -23 * np.abs(want).max()
+
+
+def bottleneck(residual: bool) -> tvm.IRModule:
+    """A 3x3 convolution and ReLU, then a 1x1 convolution of their output ``y`` (plus ``y`` with ``residual``)."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, "float32"))
+            for name, shape in (("x", (1, 6, 6, 4)), ("w1", (3, 3, 4, 16)), ("w2", (1, 1, 16, 16)))]
+    nhwc = {"data_layout": "NHWC", "kernel_layout": "HWIO"}
+    with bb.function("main", args):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(args[0], args[1], padding=1, **nhwc)))
+            z = bb.emit(relax.op.nn.conv2d(y, args[2], **nhwc))
+            out = bb.emit_output(relax.op.add(z, y) if residual else z)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_an_activation_only_bf16_products_read_is_stored_as_bf16_bits():
+    """The 3x3 layer's epilogue rounds its output to bf16 bits and the 1x1 layer reads them as its A16; where
+    a residual add also reads them, they stay fp32 and the 1x1 layer rounds them at its load."""
+    mod, params = bottleneck(residual=False), params_of(bottleneck(residual=False))
+    first, second = sorted((t for t in extract(as_network(mod, params), PORTABLE, precision=BF16).tasks),
+                           key=lambda t: -t.task.flop_ct)
+    assert first.name.startswith("fused_bfloat_conv2d_relu_bf_bits"), first.name
+    assert program.arg_specs(first.task)[-1][1] == BF16_BITS  # its output
+    assert "A16" not in str(second.task.compute_dag) and "bf_bits" not in second.name
+    assert [dtype for _, dtype in program.arg_specs(second.task)] == [BF16_BITS, BF16_BITS, "float32"]
+    ex, exe = default_build(mod, params, PORTABLE)
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 6, 6, 4)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    xp, w1 = np.pad(bf16(x), ((0, 0), (1, 1), (1, 1), (0, 0))), bf16(params["w1"])
+    y = np.maximum(sum(xp[:, kh:kh + 6, kw:kw + 6, :] @ w1[kh, kw] for kh in range(3) for kw in range(3)), 0)
+    want = bf16(y) @ bf16(params["w2"][0, 0])
+    assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
+    assert np.abs(got - y @ params["w2"][0, 0]).max() > 1e-4  # y was rounded
+
+    kept = extract(as_network(bottleneck(residual=True), params), PORTABLE, precision=BF16).tasks
+    assert not any("bf_bits" in t.name for t in kept) and all("A16" in str(t.task.compute_dag) for t in kept)

@@ -18,6 +18,7 @@ from ansor.measure.runner import RunConfig, Runner
 from ansor.measure.shipping import ship, task_key
 from ansor.task.search_task import SearchTask
 from ansor.sketch.policy import SketchPolicy
+from ansor.state.tensor_intrin import round_to_bf16
 
 # Slow tier: runs on a real local Ray (started once, ~4 s) and times real candidates.
 pytestmark = pytest.mark.slow
@@ -47,6 +48,19 @@ def test_scaled_outputs_fail_and_reordered_reductions_pass():
     softmax = SearchTask.from_workload("softmax-4x1024", TARGET)
     out = program.run_program(program.build_program(softmax, None), program.random_inputs(softmax))[-1]
     assert out.max() < 2e-3 and np.allclose(out * 0.5, out, rtol=1e-3, atol=1e-3)
+
+
+def test_bf16_bits_are_compared_as_the_numbers_they_hold():
+    """A stored bf16 activation computed in another order may round an element to the neighbouring bf16 value
+    (one unit of the bits, or a sign near zero): that passes; the same activation 5 % larger does not."""
+    values = np.random.default_rng(0).uniform(-1, 1, (64, 16)).astype(np.float32)
+    values[0, 0] = 1e-6
+    want = round_to_bf16(values)
+    got = want.copy()
+    got[1, 2] += 1  # the neighbouring bf16 value
+    got[0, 0] = round_to_bf16(np.array([-1e-6], np.float32))[0]  # its other sign: bits 0x8000 apart
+    assert output_mismatch([got], [want]) == ""
+    assert "wrong answer" in output_mismatch([round_to_bf16(values * np.float32(1.05))], [want])
 
 
 def test_the_reference_is_the_unscheduled_program_on_every_core():

@@ -20,6 +20,8 @@ from typing import AbstractSet, Sequence
 
 import numpy as np
 
+from ..state.tensor_intrin import BF16_BITS, bf16_bits_to_f32
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -58,17 +60,21 @@ def output_mismatch(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
                     skip: AbstractSet[int] = frozenset()) -> str:
     """Empty if every argument matches the reference, else which one differs, where, and by how much.
 
-    Floats are compared with :data:`FLOAT_TOLERANCE`, NaN equal to NaN and infinities to themselves;
-    everything else must be equal. ``skip``: arguments not to compare (inputs passed pre-packed, which
-    differ from the reference's by layout only).
+    Floats are compared with :data:`FLOAT_TOLERANCE`, NaN equal to NaN and infinities to themselves, and
+    bf16 bits (``uint16``: a bf16 network's activations stored so) as the bf16 numbers they hold, where
+    another order of the sums may round an element to the neighbouring value; everything else must be
+    equal. ``skip``: arguments not to compare (inputs passed pre-packed, which differ from the reference's
+    by layout only).
     """
     for i, (g, w) in enumerate(zip(got, want)):
         if i in skip:
             continue
         if g.shape != w.shape or g.dtype != w.dtype:
             return f"argument {i}: {g.dtype}{list(g.shape)} where the reference has {w.dtype}{list(w.shape)}"
-        if np.issubdtype(w.dtype, np.floating):
-            bad, allowed = _float_mismatch(g, w)
+        if w.dtype == BF16_BITS:
+            bad, allowed = _float_mismatch(bf16_bits_to_f32(g), bf16_bits_to_f32(w), FLOAT_TOLERANCE[2])
+        elif np.issubdtype(w.dtype, np.floating):
+            bad, allowed = _float_mismatch(g, w, float_tolerance(w.dtype))
         else:
             bad, allowed = g != w, None
         if bad.any():
@@ -79,8 +85,7 @@ def output_mismatch(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
     return ""
 
 
-def _allowed(w: np.ndarray) -> np.ndarray:
-    tol = float_tolerance(w.dtype)
+def _allowed(w: np.ndarray, tol: Tolerance) -> np.ndarray:
     wide = w.astype(np.float64)
     finite = np.abs(wide[np.isfinite(wide)])
     scale = float(finite.max()) if finite.size else 0.0
@@ -88,8 +93,8 @@ def _allowed(w: np.ndarray) -> np.ndarray:
     return tol.rtol * np.abs(wide) + max(tol.scale_atol * scale, float(np.finfo(w.dtype).tiny))
 
 
-def _float_mismatch(g: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    allowed = _allowed(w)
+def _float_mismatch(g: np.ndarray, w: np.ndarray, tol: Tolerance) -> tuple[np.ndarray, np.ndarray]:
+    allowed = _allowed(w, tol)
     with np.errstate(invalid="ignore"):
         diff = np.abs(g.astype(np.float64) - w.astype(np.float64))
         ok = diff <= allowed

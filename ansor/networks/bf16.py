@@ -36,9 +36,10 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from ..state.tensor_intrin import AMX_ROWS, bf16_to_f32, round_to_bf16
+from ..state.tensor_intrin import AMX_ROWS, BF16_BITS, bf16_to_f32, round_to_bf16
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_bits_where, bf16_matmul, bf16_rounded, unpadded
-from .calls import mutate_relax_functions
+from .bf16_storage import Product, store_bits
+from .calls import called_prim_func, mutate_relax_functions
 from .conv_rewrite import bound_constant, ungrouped_nhwc
 
 logger = logging.getLogger("ansor")
@@ -68,11 +69,12 @@ def use_bf16(mod: tvm.IRModule, amx: bool = False) -> tvm.IRModule:
     ``amx``: for a target with AMX tiles (rows padded where no tile's rows divide them, strided
     convolutions in phases: the module notes)."""
     mutator = _BF16Products(mod, amx)
-    mod = mutate_relax_functions(mutator)
+    mod, stored = store_bits(mutate_relax_functions(mutator), mutator.products, _OUT_FUSABLE)
     logger.info("bf16: %d convolutions, %d dense layers and %d products of two activations take bf16 inputs; "
                 "%d products stay fp32 (grouped, not NHWC, not float32, output channels not a multiple of %d, an "
-                "odd reduction, broadcast operands, or padding over %.0f %%)", mutator.convs, mutator.denses,
-                mutator.batched, mutator.kept, BF16_LANES, 100 * MAX_PADDED_ROWS)
+                "odd reduction, broadcast operands, or padding over %.0f %%); %d activations stored as bf16 bits",
+                mutator.convs, mutator.denses, mutator.batched, mutator.kept, BF16_LANES, 100 * MAX_PADDED_ROWS,
+                stored)
     return mod
 
 
@@ -104,7 +106,7 @@ def _channel_bits(data: te.Tensor, channels: int, inside: list, *index) -> tvm.t
     """``data[index]`` as bf16 bits where ``inside`` holds, in an ``A16`` of ``channels`` channels: zero in
     the channel :func:`even_channels` adds."""
     ci = int(data.shape[-1])
-    return bf16_bits_where(inside + ([index[-1] < ci] if channels != ci else []), data[index])
+    return bf16_bits_where(inside + ([index[-1] < ci] if channels != ci else []), data(*index))
 
 
 def _float32(expr: relax.Expr) -> bool:
@@ -126,6 +128,14 @@ class _BF16Products(relax.PyExprMutator):
         super().__init__(mod)
         self.amx = amx
         self.convs = self.denses = self.batched = self.kept = 0
+        self.products: dict[str, Product] = {}  # each conv or dense PrimFunc made, by name: bf16_storage remakes them
+
+    def _product(self, compute, data: relax.Expr, weight: np.ndarray, *params, name: str) -> relax.Expr:
+        """A call of ``compute(data, packed weight, *params)``'s PrimFunc, recorded in :attr:`products`."""
+        call = self.builder_.call_te(compute, data, relax.const(pack_weight(weight), BF16_BITS), *params,
+                                     primfunc_name_hint=name, primfunc_attrs=_OUT_FUSABLE)
+        self.products[called_prim_func(call)] = Product(compute, params, name)
+        return call
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
@@ -152,12 +162,10 @@ class _BF16Products(relax.PyExprMutator):
         dilation = [int(d) for d in a.dilation]
         width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
         if self.amx and phased(weight.shape[:2], strides, dilation, width):
-            return self.builder_.call_te(
-                _phased_conv_product, call.args[0], relax.const(pack_weight(phase_weight(weight, strides)), "uint16"),
-                weight.shape[:2], strides, padding, primfunc_name_hint="bfloat_conv2d", primfunc_attrs=_OUT_FUSABLE)
-        return self.builder_.call_te(
-            _conv_product, call.args[0], relax.const(pack_weight(weight), "uint16"), weight.shape[:2],
-            strides, padding, dilation, primfunc_name_hint="bfloat_conv2d", primfunc_attrs=_OUT_FUSABLE)
+            return self._product(_phased_conv_product, call.args[0], phase_weight(weight, strides), weight.shape[:2],
+                                 strides, padding, name="bfloat_conv2d")
+        return self._product(_conv_product, call.args[0], weight, weight.shape[:2], strides, padding, dilation,
+                             name="bfloat_conv2d")
 
     def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         data = call.args[0]
@@ -169,9 +177,8 @@ class _BF16Products(relax.PyExprMutator):
         rows = shape[-2] if len(shape) > 1 else 1
         # Rows of several leading dimensions become one (networks.flatten): padding the last would stop that.
         alone = int(np.prod(shape[:-1])) == rows
-        return self.builder_.call_te(_dense_product, data, relax.const(pack_weight(weight), "uint16"),
-                                     (self.amx and alone and amx_padded_rows(rows)) or rows,
-                                     primfunc_name_hint="bfloat_dense", primfunc_attrs=_OUT_FUSABLE)
+        return self._product(_dense_product, data, weight, (self.amx and alone and amx_padded_rows(rows)) or rows,
+                             name="bfloat_dense")
 
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
         a, b = (_static_shape(x) for x in call.args[:2])
@@ -203,7 +210,9 @@ def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], str
             return _channel_bits(data, ci, [], b, y, x, c)
         return _channel_bits(data, ci, [y >= top, y < h + top, x >= left, x < w + left], b, y - top, x - left, c)
 
-    a16 = te.compute(padded, rounded, name="A16")
+    # Stored as bf16 bits by its producer (bf16_storage), an unpadded activation is A16 as it is.
+    plain = data.dtype == BF16_BITS and not any(padding) and ci == int(data.shape[-1])
+    a16 = data if plain else te.compute(padded, rounded, name="A16")
     out_h = (padded[1] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
     out_w = (padded[2] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
     ry = te.reduce_axis((0, kh), name="ry") if kh > 1 else 0

@@ -10,7 +10,7 @@ from typing import Callable, Optional, Sequence
 import tvm
 from tvm import te
 
-from ..state.tensor_intrin import bf16_bits, bf16_to_f32
+from ..state.tensor_intrin import BF16_BITS, bf16_bits, bf16_to_f32
 
 #: The names of the spatial axes of 1-d, 2-d and 3-d convolutions, outermost first.
 SPATIAL_NAMES = {1: ("l",), 2: ("h", "w"), 3: ("d", "h", "w")}
@@ -112,19 +112,30 @@ def softmax_stages(x: te.Tensor, names: Sequence[str], exp: Callable = te.exp) -
 
 def bf16_bits_where(inside: Sequence[tvm.tirx.PrimExpr], value: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """``value`` rounded to bf16 bits where every condition of ``inside`` holds, zero elsewhere (a padded
-    operand's border; no condition: everywhere). ``value`` is read only where they hold."""
+    operand's border; no condition: everywhere). ``value`` is read only where they hold; a ``value`` that
+    holds bf16 bits already (an activation its producer stored so) is taken as it is."""
+    bits = str(value.ty.dtype) == BF16_BITS
     if not inside:
-        return bf16_bits(value)
-    return bf16_bits(tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0, "float32")))
+        return value if bits else bf16_bits(value)
+    chosen = tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0, str(value.ty.dtype)))
+    return chosen if bits else bf16_bits(chosen)
 
 
 def bf16_rounded(data: te.Tensor, shape: Optional[Sequence[int]] = None) -> te.Tensor:
     """``A16``: ``data`` rounded to bf16 bits (``uint16``) at the kernel's load; on a larger ``shape``, zeros
-    past ``data``'s extents (a product padded to whole tiles, k pairs or 16-column groups)."""
+    past ``data``'s extents (a product padded to whole tiles, k pairs or 16-column groups). ``data`` of bf16
+    bits at its own shape is ``A16`` itself: the product reads it where its producer wrote it."""
     extents = [int(d) for d in data.shape]
     shape = list(shape or extents)
+    if data.dtype == BF16_BITS and shape == extents:
+        return data
     return te.compute(shape, lambda *i: bf16_bits_where(
         [c < e for c, e, p in zip(i, extents, shape) if p != e], data(*i)), name="A16")
+
+
+def to_bf16_bits(data: te.Tensor) -> te.Tensor:
+    """``data`` rounded to bf16 bits, element by element: an activation stored for bf16 products alone."""
+    return te.compute(data.shape, lambda *i: bf16_bits(data(*i)), name="bf16_bits")
 
 
 def unpadded(product: te.Tensor, shape: Sequence[int], name: str) -> te.Tensor:
