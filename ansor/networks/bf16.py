@@ -5,7 +5,9 @@ Each eligible ``conv2d`` (NHWC/HWIO, no groups) and ``matmul`` by a constant ``[
 PrimFunc of two stages, the form :class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles around the CPU's
 bf16 dot product:
 
-1. ``A16``: the activation rounded to bf16 bits (``uint16``) at the kernel's load, its padding included;
+1. ``A16``: the activation rounded to bf16 bits (``uint16``) at the kernel's load, its padding included (an
+   activation only such products read is stored as bf16 bits by its producer instead, :mod:`.bf16_storage`,
+   and ``A16`` is a zero-padded copy of them, or, unpadded, the activation itself);
 2. the product over ``A16`` and the weight, which is rounded and packed **here, once**, in numpy
    (:func:`pack_weight`), into the k pairs of 16 output channels ``vdpbf16ps`` reads.
 
@@ -30,7 +32,7 @@ output channels are not a multiple of 16, or a dense layer whose reduction is od
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import tvm
@@ -130,7 +132,8 @@ class _BF16Products(relax.PyExprMutator):
         self.convs = self.denses = self.batched = self.kept = 0
         self.products: dict[str, Product] = {}  # each conv or dense PrimFunc made, by name: bf16_storage remakes them
 
-    def _product(self, compute, data: relax.Expr, weight: np.ndarray, *params, name: str) -> relax.Expr:
+    def _product(self, compute: Callable[..., te.Tensor], data: relax.Expr, weight: np.ndarray, *params,
+                 name: str) -> relax.Expr:
         """A call of ``compute(data, packed weight, *params)``'s PrimFunc, recorded in :attr:`products`."""
         call = self.builder_.call_te(compute, data, relax.const(pack_weight(weight), BF16_BITS), *params,
                                      primfunc_name_hint=name, primfunc_attrs=_OUT_FUSABLE)
