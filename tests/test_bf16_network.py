@@ -469,3 +469,26 @@ def test_an_activation_only_bf16_products_read_is_stored_as_bf16_bits():
 
     kept = extract(as_network(bottleneck(residual=True), params), PORTABLE, precision=BF16).tasks
     assert not any("bf_bits" in t.name for t in kept) and all("A16" in str(t.task.compute_dag) for t in kept)
+
+
+def test_a_gelu_hidden_layer_between_two_dense_layers_is_stored_as_bf16_bits():
+    """GELU as ONNX exports it reads its input twice (``h * 0.5 * (1 + erf(h / sqrt 2))``): both reads are in
+    the chain that fuses into the first dense layer, so its output is stored as bits for the second."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 32), "float32"))
+    w1, w2 = (relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (("w1", (32, 64)), ("w2", (64, 32))))
+    op = relax.op
+    with bb.function("main", [x, w1, w2]):
+        with bb.dataflow():
+            h = bb.emit(op.matmul(x, w1))
+            erf = bb.emit(op.erf(op.divide(h, relax.const(1.4142135, "float32"))))
+            g = bb.emit(op.multiply(op.multiply(h, relax.const(0.5, "float32")),
+                                    op.add(erf, relax.const(1.0, "float32"))))
+            out = bb.emit_output(op.matmul(g, w2))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tasks = extract(as_network(mod, params_of(mod)), PORTABLE, precision=BF16).tasks
+    [first] = [t for t in tasks if "bf_bits" in t.name]
+    assert "erf" in first.name and program.arg_specs(first.task)[-1][1] == BF16_BITS
+    [second] = [t for t in tasks if t is not first and "bfloat_dense" in t.name]
+    assert program.arg_specs(second.task)[0][1] == BF16_BITS and "A16" not in str(second.task.compute_dag)
