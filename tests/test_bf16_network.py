@@ -476,7 +476,8 @@ def test_a_gelu_hidden_layer_between_two_dense_layers_is_stored_as_bf16_bits():
     the chain that fuses into the first dense layer, so its output is stored as bits for the second."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((8, 32), "float32"))
-    w1, w2 = (relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (("w1", (32, 64)), ("w2", (64, 32))))
+    w1, w2 = (relax.Var(name, relax.TensorType(shape, "float32"))
+              for name, shape in (("w1", (32, 64)), ("w2", (64, 32))))
     op = relax.op
     with bb.function("main", [x, w1, w2]):
         with bb.dataflow():

@@ -117,7 +117,8 @@ def arg_specs(task: SearchTask) -> list[tuple[tuple[int, ...], str]]:
 
 def random_inputs(task: SearchTask, seed: int = 0) -> list[np.ndarray]:
     """Random non-zero arrays for every argument (outputs included, as TVM wants every buffer): floats in
-    [0.1, 1), bf16 bits (``uint16``: a bf16 network's packed weights and stored activations) of such floats, small integers (indices)."""
+    [0.1, 1), bf16 bits (``uint16``: a bf16 network's packed weights and stored activations) of such floats,
+    small integers (indices)."""
     rng = np.random.default_rng(seed)
     arrays = []
     for shape, dtype in arg_specs(task):
