@@ -51,14 +51,10 @@ class Product:
 def store_bits(mod: tvm.IRModule, products: Mapping[str, Product], attrs: Mapping[str, int]) -> tuple[
         tvm.IRModule, int]:
     """``mod`` with each activation that only the calls of ``products`` (by PrimFunc name) read stored as
-    bf16 bits (see the module notes; ``attrs``: the products' PrimFunc attributes); and how many are."""
+    bf16 bits (see the module notes; ``attrs``: the products' PrimFunc attributes), the PrimFuncs no call
+    reads any more removed; and how many activations are stored."""
     mutator = _StoreBits(mod, products, attrs)
-    mod = mutate_relax_functions(mutator)
-    called = {name for func in mod.functions.values() if isinstance(func, relax.Function)
-              for name in _called_names(func)}
-    for gv in [gv for gv in mod.get_global_vars() if gv.name_hint in products and gv.name_hint not in called]:
-        del mod[gv]
-    return mod, len(mutator.stored)
+    return relax.transform.DeadCodeElimination()(mutate_relax_functions(mutator)), len(mutator.stored)
 
 
 def _vars_in(expr: relax.Expr) -> list[relax.Var]:
@@ -72,13 +68,6 @@ def _vars_in(expr: relax.Expr) -> list[relax.Var]:
     if isinstance(expr, relax.TupleGetItem):
         return _vars_in(expr.tuple_value)
     return []
-
-
-def _called_names(func: relax.Function) -> set[str]:
-    names: set[str] = set()
-    relax.analysis.post_order_visit(func, lambda e: isinstance(e, relax.Call) and names.add(
-        called_prim_func(e) or ""))
-    return names
 
 
 class _Reads:
