@@ -493,3 +493,40 @@ def test_a_gelu_hidden_layer_between_two_dense_layers_is_stored_as_bf16_bits():
     assert "erf" in first.name and program.arg_specs(first.task)[-1][1] == BF16_BITS
     [second] = [t for t in tasks if t is not first and "bfloat_dense" in t.name]
     assert program.arg_specs(second.task)[0][1] == BF16_BITS and "A16" not in str(second.task.compute_dag)
+
+
+def inverted_residual(channels: int = 16, hidden: int = 32) -> tvm.IRModule:
+    """MobileNet-V2's block: a 1x1 expansion and ReLU6, a 3x3 depthwise convolution and ReLU6, a 1x1
+    projection and the identity shortcut."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (
+        ("x", (1, 8, 8, channels)), ("w1", (1, 1, channels, hidden)), ("wd", (3, 3, 1, hidden)),
+        ("w2", (1, 1, hidden, channels)))]
+    nhwc, op = {"data_layout": "NHWC", "kernel_layout": "HWIO"}, relax.op
+    with bb.function("main", args):
+        with bb.dataflow():
+            e = bb.emit(op.clip(op.nn.conv2d(args[0], args[1], **nhwc), 0, 6))
+            d = bb.emit(op.clip(op.nn.conv2d(e, args[2], padding=1, groups=hidden, **nhwc), 0, 6))
+            out = bb.emit_output(op.add(op.nn.conv2d(d, args[3], **nhwc), args[0]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_depthwise_convolution_rounds_its_inputs_and_the_bits_around_it_are_stored():
+    """No dot product fits a depthwise convolution, so it multiplies bf16 inputs in fp32 FMA; the expansion's
+    output, which only it reads, and its own, which only the projection reads, are stored as bf16 bits."""
+    mod = inverted_residual()
+    params = params_of(mod)
+    ex, exe = default_build(mod, params, PORTABLE)
+    dtypes = {t.name.split(" ")[0]: [d for _, d in program.arg_specs(t.task)] for t in ex.tasks}
+    assert dtypes == {"fused_bfloat_conv2d_tir_clip_bf_bits": ["float32", BF16_BITS, BF16_BITS],
+                      "fused_bfloat_group_conv2d_tir_clip_bf_bits": [BF16_BITS, "float32", BF16_BITS],
+                      "fused_bfloat_conv2d_add": [BF16_BITS, BF16_BITS, "float32", "float32"]}, dtypes
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 8, 8, 16)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    e = np.pad(bf16(np.clip(bf16(x) @ bf16(params["w1"][0, 0]), 0, 6)), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    wd = bf16(params["wd"])
+    d = np.clip(sum(e[:, i:i + 8, j:j + 8, :] * wd[i, j, 0] for i in range(3) for j in range(3)), 0, 6)
+    want = bf16(d) @ bf16(params["w2"][0, 0]) + x
+    assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
+    assert np.abs(got - (d @ params["w2"][0, 0] + x)).max() > 1e-4  # d was rounded

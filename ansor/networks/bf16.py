@@ -22,6 +22,12 @@ divide (ViT's 197 tokens) are padded to the multiple of a tile's rows that takes
 strided convolution reads its input in phases (:func:`_phased_conv_product`), so that a row of its outputs
 reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads).
 
+A grouped or depthwise convolution (MobileNet's, ResNeXt's) fits no bf16 dot product: each output channel
+reads channels of its own, not one pair that 16 lanes share. It rounds its inputs all the same, ``A16`` and
+the weight (fp32 values of bf16, rounded here), and multiplies and adds them in fp32 FMA
+(:func:`_grouped_conv_product`): OpenVINO's bf16 numbers, and an activation between it and the layers
+around it may be stored as bf16 bits (:mod:`.bf16_storage`), half the bytes of a memory-bound layer.
+
 The PrimFunc is marked output-element-wise fusable, so ``FuseOps`` gives it the layer's epilogue (bias, ReLU,
 residual add) as for an fp32 convolution. A convolution of an odd number of input channels (an RGB stem's 3)
 reads them as one more, a zero channel in ``A16`` and in the weight (:func:`even_channels`). A layer whose
@@ -38,11 +44,11 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from ..state.tensor_intrin import AMX_ROWS, BF16_BITS, bf16_to_f32, round_to_bf16
+from ..state.tensor_intrin import AMX_ROWS, BF16_BITS, bf16_bits_to_f32, bf16_to_f32, round_to_bf16
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_bits_where, bf16_matmul, bf16_rounded, unpadded
 from .bf16_storage import Product, store_bits
 from .calls import called_prim_func, mutate_relax_functions
-from .conv_rewrite import bound_constant, ungrouped_nhwc
+from .conv_rewrite import bound_constant, grouped_nhwc, ungrouped_nhwc
 
 logger = logging.getLogger("ansor")
 
@@ -72,11 +78,11 @@ def use_bf16(mod: tvm.IRModule, amx: bool = False) -> tvm.IRModule:
     convolutions in phases: the module notes)."""
     mutator = _BF16Products(mod, amx)
     mod, stored = store_bits(mutate_relax_functions(mutator), mutator.products, _OUT_FUSABLE)
-    logger.info("bf16: %d convolutions, %d dense layers and %d products of two activations take bf16 inputs; "
-                "%d products stay fp32 (grouped, not NHWC, not float32, output channels not a multiple of %d, an "
-                "odd reduction, broadcast operands, or padding over %.0f %%); %d activations stored as bf16 bits",
-                mutator.convs, mutator.denses, mutator.batched, mutator.kept, BF16_LANES, 100 * MAX_PADDED_ROWS,
-                stored)
+    logger.info("bf16: %d convolutions, %d grouped ones (fp32 FMA), %d dense layers and %d products of two "
+                "activations take bf16 inputs; %d products stay fp32 (not NHWC, not float32, output channels not a "
+                "multiple of %d, an odd reduction, broadcast operands, or padding over %.0f %%); %d activations "
+                "stored as bf16 bits", mutator.convs, mutator.grouped, mutator.denses, mutator.batched, mutator.kept,
+                BF16_LANES, 100 * MAX_PADDED_ROWS, stored)
     return mod
 
 
@@ -93,6 +99,10 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
 def packable(weight: np.ndarray) -> bool:
     """A float32 weight whose output channels fill whole dot products and whose reduction is in pairs."""
     return weight.dtype == np.float32 and weight.shape[-1] % BF16_LANES == 0 and weight.shape[-2] % BF16_PAIR == 0
+
+
+def _packed(weight: np.ndarray) -> relax.Constant:
+    return relax.const(pack_weight(weight), BF16_BITS)
 
 
 def even_channels(weight: np.ndarray) -> np.ndarray:
@@ -129,14 +139,14 @@ class _BF16Products(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, amx: bool):
         super().__init__(mod)
         self.amx = amx
-        self.convs = self.denses = self.batched = self.kept = 0
+        self.convs = self.grouped = self.denses = self.batched = self.kept = 0
         self.products: dict[str, Product] = {}  # each conv or dense PrimFunc made, by name: bf16_storage remakes them
 
-    def _product(self, compute: Callable[..., te.Tensor], data: relax.Expr, weight: np.ndarray, *params,
+    def _product(self, compute: Callable[..., te.Tensor], data: relax.Expr, weight: relax.Constant, *params,
                  name: str) -> relax.Expr:
-        """A call of ``compute(data, packed weight, *params)``'s PrimFunc, recorded in :attr:`products`."""
-        call = self.builder_.call_te(compute, data, relax.const(pack_weight(weight), BF16_BITS), *params,
-                                     primfunc_name_hint=name, primfunc_attrs=_OUT_FUSABLE)
+        """A call of ``compute(data, weight, *params)``'s PrimFunc, recorded in :attr:`products`."""
+        call = self.builder_.call_te(compute, data, weight, *params, primfunc_name_hint=name,
+                                     primfunc_attrs=_OUT_FUSABLE)
         self.products[called_prim_func(call)] = Product(compute, params, name)
         return call
 
@@ -155,7 +165,15 @@ class _BF16Products(relax.PyExprMutator):
 
     def _conv(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         a = call.attrs
-        if not (ungrouped_nhwc(call) and _float32(call.args[0]) and str(a.out_dtype) in ("", "None", "float32")):
+        if not (_float32(call.args[0]) and str(a.out_dtype) in ("", "None", "float32")):
+            return None
+        if grouped_nhwc(call):
+            self.grouped += 1
+            rounded = relax.const(bf16_bits_to_f32(round_to_bf16(weight)))
+            return self._product(_grouped_conv_product, call.args[0], rounded,
+                                 int(a.groups), [int(s) for s in a.strides], [int(p) for p in a.padding],
+                                 [int(d) for d in a.dilation], name="bfloat_group_conv2d")
+        if not ungrouped_nhwc(call):
             return None
         weight = even_channels(weight)
         if not packable(weight):
@@ -165,10 +183,10 @@ class _BF16Products(relax.PyExprMutator):
         dilation = [int(d) for d in a.dilation]
         width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
         if self.amx and phased(weight.shape[:2], strides, dilation, width):
-            return self._product(_phased_conv_product, call.args[0], phase_weight(weight, strides), weight.shape[:2],
-                                 strides, padding, name="bfloat_conv2d")
-        return self._product(_conv_product, call.args[0], weight, weight.shape[:2], strides, padding, dilation,
-                             name="bfloat_conv2d")
+            return self._product(_phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
+                                 weight.shape[:2], strides, padding, name="bfloat_conv2d")
+        return self._product(_conv_product, call.args[0], _packed(weight), weight.shape[:2], strides, padding,
+                             dilation, name="bfloat_conv2d")
 
     def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         data = call.args[0]
@@ -180,8 +198,8 @@ class _BF16Products(relax.PyExprMutator):
         rows = shape[-2] if len(shape) > 1 else 1
         # Rows of several leading dimensions become one (networks.flatten): padding the last would stop that.
         alone = int(np.prod(shape[:-1])) == rows
-        return self._product(_dense_product, data, weight, (self.amx and alone and amx_padded_rows(rows)) or rows,
-                             name="bfloat_dense")
+        rows = (self.amx and alone and amx_padded_rows(rows)) or rows
+        return self._product(_dense_product, data, _packed(weight), rows, name="bfloat_dense")
 
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
         a, b = (_static_shape(x) for x in call.args[:2])
@@ -200,24 +218,13 @@ class _BF16Products(relax.PyExprMutator):
 def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
                   padding: list[int], dilation: list[int]) -> te.Tensor:
     """NHWC output of the convolution of ``data`` (rounded, padded: ``A16``) by the packed weight."""
-    n, h, w, _ = (int(d) for d in data.shape)
+    n = int(data.shape[0])
     ci = int(packed.shape[-3]) * BF16_PAIR
     kh, kw = taps
-    top, left, bottom, right = padding
-    padded = (n, h + top + bottom, w + left + right, ci)
     if (kh, kw) == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
         return _subsampled_product(data, packed, strides)
-
-    def rounded(b, y, x, c):
-        if not any(padding):
-            return _channel_bits(data, ci, [], b, y, x, c)
-        return _channel_bits(data, ci, [y >= top, y < h + top, x >= left, x < w + left], b, y - top, x - left, c)
-
-    # Stored as bf16 bits by its producer (bf16_storage), an unpadded activation is A16 as it is.
-    plain = data.dtype == BF16_BITS and not any(padding) and ci == int(data.shape[-1])
-    a16 = data if plain else te.compute(padded, rounded, name="A16")
-    out_h = (padded[1] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
-    out_w = (padded[2] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    a16 = _padded_a16(data, ci, padding)
+    out_h, out_w = _out_size(a16, taps, strides, dilation)
     ry = te.reduce_axis((0, kh), name="ry") if kh > 1 else 0
     rx = te.reduce_axis((0, kw), name="rx") if kw > 1 else 0
     rc = te.reduce_axis((0, ci), name="rc")
@@ -226,6 +233,50 @@ def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], str
         bf16_to_f32(a16[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], rc])
         * bf16_to_f32(packed[o // BF16_LANES, ry, rx, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
         axis=axes), name="conv_bf16")
+
+
+def _padded_a16(data: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
+    """``A16`` of a convolution: ``data`` rounded to bf16 bits and zero-padded (``padding``: top, left, bottom,
+    right; ``channels``: with the zero channel of :func:`even_channels`); an unpadded activation its producer
+    stored as bf16 bits (:mod:`.bf16_storage`) is ``A16`` as it is."""
+    n, h, w, ci = (int(d) for d in data.shape)
+    top, left, bottom, right = padding
+    if data.dtype == BF16_BITS and not any(padding) and channels == ci:
+        return data
+
+    def rounded(b, y, x, c):
+        if not any(padding):
+            return _channel_bits(data, channels, [], b, y, x, c)
+        return _channel_bits(data, channels, [y >= top, y < h + top, x >= left, x < w + left], b, y - top,
+                             x - left, c)
+
+    return te.compute((n, h + top + bottom, w + left + right, channels), rounded, name="A16")
+
+
+def _out_size(a16: te.Tensor, taps: tuple[int, int], strides: list[int], dilation: list[int]) -> tuple[int, int]:
+    """The output rows and columns of a convolution over the padded ``a16``."""
+    return tuple((int(a16.shape[1 + i]) - dilation[i] * (taps[i] - 1) - 1) // strides[i] + 1 for i in range(2))
+
+
+def _grouped_conv_product(data: te.Tensor, weight: te.Tensor, groups: int, strides: list[int],
+                          padding: list[int], dilation: list[int]) -> te.Tensor:
+    """NHWC output of a grouped (depthwise: one channel a group) convolution of ``data`` (rounded, padded:
+    ``A16``) by ``weight`` (HWIO, ``[KH, KW, CI / groups, CO]``, fp32 values of bf16), in fp32 FMA: output
+    channel ``o`` reads the input channels of its group, ``o // (CO / groups)``."""
+    kh, kw, ci_group, co = (int(d) for d in weight.shape)
+    co_group = co // groups
+    a16 = _padded_a16(data, int(data.shape[-1]), padding)
+    out_h, out_w = _out_size(a16, (kh, kw), strides, dilation)
+    ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
+    rc = te.reduce_axis((0, ci_group), name="rc") if ci_group > 1 else 0
+    axes = [ry, rx] + ([rc] if ci_group > 1 else [])
+
+    def channel(o):
+        return o if (ci_group, co_group) == (1, 1) else o // co_group * ci_group + rc
+
+    return te.compute((int(data.shape[0]), out_h, out_w, co), lambda b, y, x, o: te.sum(
+        bf16_to_f32(a16[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], channel(o)])
+        * weight[ry, rx, rc, o], axis=axes), name="group_conv_bf16")
 
 
 def _subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) -> te.Tensor:

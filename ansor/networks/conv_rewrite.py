@@ -25,11 +25,20 @@ def bound_constant(mutator: relax.PyExprMutator, expr: relax.Expr) -> Optional[n
     return value.numpy() if isinstance(value, tvm.runtime.Tensor) else None
 
 
-def ungrouped_nhwc(call: relax.Call) -> bool:
-    """An NHWC/HWIO convolution with no groups and a static input shape."""
+def _static_nhwc(call: relax.Call) -> bool:
     a = call.attrs
     return (str(a.data_layout) == "NHWC" and str(a.kernel_layout) == "HWIO" and str(a.out_layout) in ("NHWC", "")
-            and int(a.groups) == 1 and all(isinstance(d, tvm.tirx.IntImm) for d in call.args[0].ty.shape))
+            and all(isinstance(d, tvm.tirx.IntImm) for d in call.args[0].ty.shape))
+
+
+def ungrouped_nhwc(call: relax.Call) -> bool:
+    """An NHWC/HWIO convolution with no groups and a static input shape."""
+    return _static_nhwc(call) and int(call.attrs.groups) == 1
+
+
+def grouped_nhwc(call: relax.Call) -> bool:
+    """An NHWC/HWIO convolution of several groups (depthwise: one channel each) and a static input shape."""
+    return _static_nhwc(call) and int(call.attrs.groups) > 1
 
 
 def plain_nhwc(call: relax.Call) -> bool:
