@@ -11,8 +11,8 @@ two dense layers) are such activations; a block's output, which a residual add a
 The rounding (:func:`~ansor.task.te_ops.to_bf16_bits`) is an element-wise operator after the activation, so
 ``FuseOps`` puts it into the PrimFunc of the product that computes the activation, as the last step of its
 epilogue. It is added only where the activation comes from a bf16 product through element-wise operators
-whose results nothing else reads (bias, ReLU, GELU, a residual add), the chains ``FuseOps`` fuses: elsewhere
-it would be a pass over the activation of its own.
+whose results nothing else reads (:data:`~.calls.ELEMENTWISE`: bias, ReLU, GELU in its erf or tanh form, a
+residual add), the chains ``FuseOps`` fuses: elsewhere it would be a pass over the activation of its own.
 """
 
 from __future__ import annotations
@@ -25,13 +25,8 @@ import tvm
 from tvm import relax, te
 
 from ..task.te_ops import to_bf16_bits
-from .calls import called_prim_func, mutate_relax_functions
+from .calls import ELEMENTWISE, called_prim_func, mutate_relax_functions
 
-#: Relax operators ``FuseOps`` fuses into a product's epilogue (element-wise, or a broadcast of a small operand).
-ELEMENTWISE = frozenset({
-    "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
-    "relax.clip", "relax.nn.relu", "relax.nn.gelu", "relax.nn.silu", "relax.sigmoid", "relax.tanh", "relax.erf",
-})
 #: The most operators between a product and an activation that are followed back; a longer chain stays fp32.
 MAX_CHAIN = 32
 #: TVM's op pattern kElemWise: the rounding fuses after any epilogue.

@@ -1,5 +1,6 @@
 """Swap PrimFuncs of a Relax module for new ones and rewrite every ``call_tir`` of them; the walk every
-rewrite of a module's Relax functions shares (:func:`mutate_relax_functions`).
+rewrite of a module's Relax functions shares (:func:`mutate_relax_functions`); which Relax operators are
+element-wise (:data:`ELEMENTWISE`, for the rewrites that follow a value through them).
 
 A global variable keeps the type it was created with, so a PrimFunc of other argument shapes (flatten) or
 other argument types (packed weights, schedules) cannot be put under the old one: the old function is
@@ -16,6 +17,14 @@ from tvm import relax, tirx
 CALL_TIR = "relax.call_tir"
 #: Every call of a PrimFunc by a Relax function: the plain call and its in-place and gradient forms.
 CALL_TIR_OPS = (CALL_TIR, "relax.call_tir_inplace", "relax.call_tir_with_grad")
+
+#: Operators that compute each output element from the elements at the same index of their (broadcast)
+#: tensor operands; other arguments (``clip``'s bounds) pass unchanged.
+ELEMENTWISE = frozenset(f"relax.{name}" for name in (
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
+    "nn.relu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "negative", "abs", "erf", "clip",
+    "nn.silu", "nn.gelu", "nn.gelu_tanh",
+))
 
 #: Rewrites one call site: (the block builder, the original call with its arguments already visited,
 #: the new function's global variable) -> the expression that replaces the call.

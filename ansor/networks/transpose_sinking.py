@@ -30,17 +30,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .calls import mutate_relax_functions
+from .calls import ELEMENTWISE, mutate_relax_functions
 from .conv_rewrite import bound_constant
 
 PERMUTE = "relax.permute_dims"
-#: Operators that compute each output element from the elements at the same index of their (broadcast)
-#: tensor operands; other arguments (``clip``'s bounds) pass unchanged.
-ELEMENTWISE = frozenset(f"relax.{name}" for name in (
-    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
-    "nn.relu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "negative", "abs", "erf", "clip",
-    "nn.silu", "nn.gelu", "nn.gelu_tanh",
-))
 
 
 def sink_transposes(mod: tvm.IRModule) -> tvm.IRModule:
