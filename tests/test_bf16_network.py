@@ -530,3 +530,38 @@ def test_a_depthwise_convolution_rounds_its_inputs_and_the_bits_around_it_are_st
     want = bf16(d) @ bf16(params["w2"][0, 0]) + x
     assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
     assert np.abs(got - (d @ params["w2"][0, 0] + x)).max() > 1e-4  # d was rounded
+
+
+def narrow_layers() -> tvm.IRModule:
+    """A 3x3 convolution of 24 output channels, then a dense layer of 40: neither fills whole 16-lane products."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, "float32"))
+            for name, shape in (("x", (1, 8, 8, 16)), ("w", (3, 3, 16, 24)), ("fc", (24, 40)), ("b", (40,)))]
+    op = relax.op
+    with bb.function("main", args):
+        with bb.dataflow():
+            c = bb.emit(op.nn.relu(op.nn.conv2d(args[0], args[1], padding=1, data_layout="NHWC", kernel_layout="HWIO")))
+            out = bb.emit_output(op.add(op.matmul(op.reshape(c, (64, 24)), args[2]), args[3]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_layers_of_output_channels_no_16_divide_compute_zero_channels_and_cut_them():
+    """24 and 40 channels are computed as 32 and 48 in bf16 (zero weights) and cut back in the same PrimFunc:
+    numpy's bf16 products; for a target with AVX512_BF16 both compile to vdpbf16ps."""
+    mod = narrow_layers()
+    params = params_of(mod)
+    ex, exe = default_build(mod, params, PORTABLE)
+    names = sorted(t.name for t in ex.tasks)
+    assert names == ["fused_bfloat_conv2d_relu [1,8,8,16]x[2,3,3,8,16,2]",
+                     "fused_bfloat_dense_add [64,24]x[3,12,16,2]"], names
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 8, 8, 16)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    xp, w = np.pad(bf16(x), ((0, 0), (1, 1), (1, 1), (0, 0))), bf16(params["w"])
+    c = np.maximum(sum(xp[:, i:i + 8, j:j + 8, :] @ w[i, j] for i in range(3) for j in range(3)), 0)
+    want = bf16(c).reshape(64, 24) @ bf16(params["fc"]) + params["b"]
+    assert got.shape == want.shape == (64, 40)
+    assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
+    for t in extract(as_network(mod, params), AVX512_BF16, precision=BF16).tasks:
+        asm = codegen.compile(program.schedule(t.task, default_state(t.task)), t.task.target).mod.inspect_source("asm")
+        assert "vdpbf16ps" in asm, t.name

@@ -31,8 +31,10 @@ around it may be stored as bf16 bits (:mod:`.bf16_storage`), half the bytes of a
 The PrimFunc is marked output-element-wise fusable, so ``FuseOps`` gives it the layer's epilogue (bias, ReLU,
 residual add) as for an fp32 convolution. A convolution of an odd number of input channels (an RGB stem's 3)
 reads them as one more, a zero channel in ``A16`` and in the weight (:func:`even_channels`). A layer whose
-output channels are not a multiple of 16, or a dense layer whose reduction is odd, stays fp32 (a classifier of
-1000 classes: 1000 = 16 x 62.5).
+output channels are not a multiple of 16 computes zero channels up to one, its output cut back in the same
+PrimFunc (:func:`whole_lanes`: a classifier's 1000 as 1008, MobileNet-V3's 40 as 48); where that would add
+more than :data:`MAX_PADDED_CHANNELS` (a squeeze-excitation's 8 channels), or a dense layer's reduction is
+odd, the layer stays fp32.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ BF16_VS_FP32_RTOL = 5e-2
 #: How much longer a product's rows (for AMX tiles), columns or reduction may be padded with zeros: ViT-B/16's
 #: 197 tokens as 208 (+5.6 %) put its linear layers on tiles and its attention products in bf16 (untimed here).
 MAX_PADDED_ROWS = 1 / 8
+#: How many more output channels a convolution or dense layer may compute to fill whole 16-channel dot
+#: products (zero weights, the output cut back): up to half, as the bf16 unit does twice fp32's products an
+#: instruction. MobileNet-V3's 24, 40 and 72 channels as 32, 48 and 80; a classifier's 1000 as 1008.
+MAX_PADDED_CHANNELS = 1 / 2
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
@@ -79,10 +85,10 @@ def use_bf16(mod: tvm.IRModule, amx: bool = False) -> tvm.IRModule:
     mutator = _BF16Products(mod, amx)
     mod, stored = store_bits(mutate_relax_functions(mutator), mutator.products, _OUT_FUSABLE)
     logger.info("bf16: %d convolutions, %d grouped ones (fp32 FMA), %d dense layers and %d products of two "
-                "activations take bf16 inputs; %d products stay fp32 (not NHWC, not float32, output channels not a "
-                "multiple of %d, an odd reduction, broadcast operands, or padding over %.0f %%); %d activations "
-                "stored as bf16 bits", mutator.convs, mutator.grouped, mutator.denses, mutator.batched, mutator.kept,
-                BF16_LANES, 100 * MAX_PADDED_ROWS, stored)
+                "activations take bf16 inputs; %d products stay fp32 (not NHWC, not float32, output channels that need "
+                "over %.0f %% more to fill 16 lanes, an odd reduction, broadcast operands, or padding over %.0f %%); "
+                "%d activations stored as bf16 bits", mutator.convs, mutator.grouped, mutator.denses, mutator.batched,
+                mutator.kept, 100 * MAX_PADDED_CHANNELS, 100 * MAX_PADDED_ROWS, stored)
     return mod
 
 
@@ -99,6 +105,16 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
 def packable(weight: np.ndarray) -> bool:
     """A float32 weight whose output channels fill whole dot products and whose reduction is in pairs."""
     return weight.dtype == np.float32 and weight.shape[-1] % BF16_LANES == 0 and weight.shape[-2] % BF16_PAIR == 0
+
+
+def whole_lanes(weight: np.ndarray) -> np.ndarray:
+    """A ``[..., K, N]`` weight with zero output channels added up to a multiple of 16, where that adds at most
+    :data:`MAX_PADDED_CHANNELS`; else ``weight`` itself (then not :func:`packable`)."""
+    n = weight.shape[-1]
+    wide = -(-n // BF16_LANES) * BF16_LANES
+    if wide == n or wide - n > MAX_PADDED_CHANNELS * n:
+        return weight
+    return np.concatenate([weight, np.zeros((*weight.shape[:-1], wide - n), weight.dtype)], axis=-1)
 
 
 def _packed(weight: np.ndarray) -> relax.Constant:
@@ -175,7 +191,8 @@ class _BF16Products(relax.PyExprMutator):
                                  [int(d) for d in a.dilation], name="bfloat_group_conv2d")
         if not ungrouped_nhwc(call):
             return None
-        weight = even_channels(weight)
+        channels = weight.shape[-1]
+        weight = whole_lanes(even_channels(weight))
         if not packable(weight):
             return None
         self.convs += 1
@@ -184,12 +201,13 @@ class _BF16Products(relax.PyExprMutator):
         width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
         if self.amx and phased(weight.shape[:2], strides, dilation, width):
             return self._product(_phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
-                                 weight.shape[:2], strides, padding, name="bfloat_conv2d")
+                                 weight.shape[:2], strides, padding, channels, name="bfloat_conv2d")
         return self._product(_conv_product, call.args[0], _packed(weight), weight.shape[:2], strides, padding,
-                             dilation, name="bfloat_conv2d")
+                             dilation, channels, name="bfloat_conv2d")
 
     def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
-        data = call.args[0]
+        data, columns = call.args[0], weight.shape[-1]
+        weight = whole_lanes(weight)
         shape = _static_shape(data)
         if (weight.ndim != 2 or not packable(weight) or not _float32(data) or shape is None
                 or shape[-1] != weight.shape[0]):
@@ -199,7 +217,7 @@ class _BF16Products(relax.PyExprMutator):
         # Rows of several leading dimensions become one (networks.flatten): padding the last would stop that.
         alone = int(np.prod(shape[:-1])) == rows
         rows = (self.amx and alone and amx_padded_rows(rows)) or rows
-        return self._product(_dense_product, data, _packed(weight), rows, name="bfloat_dense")
+        return self._product(_dense_product, data, _packed(weight), rows, columns, name="bfloat_dense")
 
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
         a, b = (_static_shape(x) for x in call.args[:2])
@@ -216,23 +234,29 @@ class _BF16Products(relax.PyExprMutator):
 
 
 def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
-                  padding: list[int], dilation: list[int]) -> te.Tensor:
-    """NHWC output of the convolution of ``data`` (rounded, padded: ``A16``) by the packed weight."""
+                  padding: list[int], dilation: list[int], channels: int) -> te.Tensor:
+    """NHWC output of the convolution of ``data`` (rounded, padded: ``A16``) by the packed weight, its first
+    ``channels`` (the rest are :func:`whole_lanes`' zero channels)."""
     n = int(data.shape[0])
     ci = int(packed.shape[-3]) * BF16_PAIR
     kh, kw = taps
     if (kh, kw) == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
-        return _subsampled_product(data, packed, strides)
+        return _cut(_subsampled_product(data, packed, strides), channels)
     a16 = _padded_a16(data, ci, padding)
     out_h, out_w = _out_size(a16, taps, strides, dilation)
     ry = te.reduce_axis((0, kh), name="ry") if kh > 1 else 0
     rx = te.reduce_axis((0, kw), name="rx") if kw > 1 else 0
     rc = te.reduce_axis((0, ci), name="rc")
     axes = [r for r in (ry, rx) if not isinstance(r, int)] + [rc]
-    return te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
+    return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
         bf16_to_f32(a16[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], rc])
         * bf16_to_f32(packed[o // BF16_LANES, ry, rx, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=axes), name="conv_bf16")
+        axis=axes), name="conv_bf16"), channels)
+
+
+def _cut(product: te.Tensor, channels: int) -> te.Tensor:
+    """A convolution's output without the zero channels :func:`whole_lanes` added."""
+    return unpadded(product, (*(int(d) for d in product.shape[:-1]), channels), "conv_bf16_unpadded")
 
 
 def _padded_a16(data: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
@@ -336,7 +360,7 @@ def phase_weight(weight: np.ndarray, strides: list[int]) -> np.ndarray:
 
 
 def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
-                         padding: list[int]) -> te.Tensor:
+                         padding: list[int], channels: int) -> te.Tensor:
     """A strided convolution (AMX targets) over its input in phases: ``A16[b, py, px, y, x, c]`` is padded
     pixel ``(sy * y + py, sx * x + px)`` and a tap ``(sy * qy + py, sx * qx + px)`` reads ``A16[b, py, px,
     y + qy, x + qx, c]``, so consecutive outputs read consecutive pixels of a phase: a row of outputs is a box,
@@ -357,15 +381,16 @@ def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, in
     qy, py = te.reduce_axis((0, qh), name="qy"), te.reduce_axis((0, sy), name="py")
     qx, px = te.reduce_axis((0, qw), name="qx"), te.reduce_axis((0, sx), name="px")
     rc = te.reduce_axis((0, ci), name="rc")
-    return te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
+    return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
         bf16_to_f32(a16[b, py, px, y + qy, x + qx, rc]) * bf16_to_f32(
             packed[o // BF16_LANES, qy, py, qx, px, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=[qy, py, qx, px, rc]), name="conv_bf16")
+        axis=[qy, py, qx, px, rc]), name="conv_bf16"), channels)
 
 
-def _dense_product(data: te.Tensor, packed: te.Tensor, rows: int) -> te.Tensor:
+def _dense_product(data: te.Tensor, packed: te.Tensor, rows: int, columns: int) -> te.Tensor:
     """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight, on ``rows``
-    rows: more than ``data`` has pads it with zero rows, computed and never read (the output is cut back)."""
+    rows: more than ``data`` has pads it with zero rows, computed and never read; the output is cut back to
+    ``data``'s rows and ``columns`` (without :func:`whole_lanes`' zero columns)."""
     *lead, k = (int(d) for d in data.shape)
     padded = [*lead[:-1], rows] if lead else []
     a16 = bf16_rounded(data, (*padded, k))
@@ -374,4 +399,4 @@ def _dense_product(data: te.Tensor, packed: te.Tensor, rows: int) -> te.Tensor:
         bf16_to_f32(a16(*i[:-1], r))
         * bf16_to_f32(packed[i[-1] // BF16_LANES, r // BF16_PAIR, i[-1] % BF16_LANES, r % BF16_PAIR]),
         axis=r), name="dense_bf16")
-    return unpadded(product, (*lead, packed.shape[0] * BF16_LANES), "dense_bf16_unpadded")
+    return unpadded(product, (*lead, columns), "dense_bf16_unpadded")

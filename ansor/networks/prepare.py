@@ -18,7 +18,8 @@ CPU search does best on NHWC convolutions, and the schedule may choose each cons
    the kernel taps in bounds: DeepLabV3's dilation-36 ASPP convolution on a 33x33 map becomes a 1x1 one.
 5. **Output channels fill whole vectors** (:mod:`.channel_padding`, given the target's vector width): a
    convolution with a long reduction whose output channels are not a multiple of the vector length (a
-   classifier's 1000 on AVX-512) computes zero channels up to one, and a slice drops them.
+   classifier's 1000 on AVX-512) computes zero channels up to one, and a slice drops them (in bf16 the
+   products pad their channels themselves, to whole dot products: :func:`.bf16.whole_lanes`).
 6. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
    them direct): 16 multiply-adds per output tile and channel pair instead of 36. In bf16
    (``precision``), the convolutions and dense layers take bf16 inputs instead (:mod:`.bf16`), all direct:
@@ -86,7 +87,7 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
             mod = fold_constants(mod)
         mod = sink_transposes(mod)
         mod = skip_padding_taps(mod)
-        if vector_bytes:
+        if vector_bytes and precision is not Precision.BF16:  # bf16 pads its products' channels itself
             mod = pad_output_channels(mod, vector_bytes)
         if precision is Precision.BF16:
             mod = use_bf16(mod, amx)
