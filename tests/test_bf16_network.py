@@ -565,3 +565,15 @@ def test_layers_of_output_channels_no_16_divide_compute_zero_channels_and_cut_th
     for t in extract(as_network(mod, params), AVX512_BF16, precision=BF16).tasks:
         asm = codegen.compile(program.schedule(t.task, default_state(t.task)), t.task.target).mod.inspect_source("asm")
         assert "vdpbf16ps" in asm, t.name
+
+
+def test_bf16_pads_a_classifiers_channels_in_its_product_not_by_fp32s_slice():
+    """On AVX-512 fp32 widens a 1000-channel convolution to 1008 and slices after it (channel_padding); in
+    bf16 the product computes 1008 channels and cuts them itself, so no slice is left in the network."""
+    mod = conv_network((1, 4, 4, 512), (1, 1, 512, 1000), strides=1)
+    params = params_of(mod)
+    fp32 = [t.name for t in extract(as_network(mod, params), AVX512_BF16, precision=Precision.FP32).tasks]
+    bf = extract(as_network(mod, params), AVX512_BF16, precision=BF16).tasks
+    assert any("strided_slice" in n for n in fp32), fp32
+    assert [t.name for t in bf] == ["bfloat_conv2d [16,512]x[63,1,1,256,16,2]"], [t.name for t in bf]
+    assert program.arg_specs(bf[0].task)[-1][0] == (16, 1000)  # the 1x1 layer flattened to a product of pixels
