@@ -23,8 +23,8 @@ strided convolution reads its input in phases (:func:`_phased_conv_product`), so
 reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads).
 
 A grouped or depthwise convolution (MobileNet's, ResNeXt's) fits no bf16 dot product: each output channel
-reads channels of its own, not one pair that 16 lanes share. It rounds its inputs all the same, ``A16`` and
-the weight (fp32 values of bf16, rounded here), and multiplies and adds them in fp32 FMA
+reads channels of its own, not one pair that 16 lanes share. It rounds its inputs all the same (``A32``: the
+activation's bf16 values as fp32; the weight's, rounded here), and multiplies and adds them in fp32 FMA
 (:func:`_grouped_conv_product`): OpenVINO's bf16 numbers, and an activation between it and the layers
 around it may be stored as bf16 bits (:mod:`.bf16_storage`), half the bytes of a memory-bound layer.
 
