@@ -210,6 +210,22 @@ def test_a_run_over_some_models_keeps_the_other_rows_of_the_table_with_their_dat
     assert earlier_rows(path, section_key("zoo", cpu), 10)["resnet50"].timed == "2025-01-01"
 
 
+def test_a_bf16_run_over_some_models_keeps_the_other_rows_of_the_bf16_table(tmp_path):
+    """The bf16 table has its own title and column names: a bf16 run over a few models keeps its other rows
+    (it kept none when the reader looked for the fp32 table's title), and never takes the fp32 table's."""
+    from ansor.bench.zoo_bench import earlier_rows, zoo_section
+    cpu = "CPU: Test CPU (2 cores)"
+    results = [ZooResult(zoo.BY_NAME[name], _report(name, ms)) for name, ms in (("resnet50", 10.0), ("gpt2", 4.0))]
+    for precision in ("fp32", "bf16"):
+        for r in results:
+            r.report.precision = precision
+        path = write_zoo_docs(tmp_path, results, Provenance("2025-01-01", cpu, "Python 3", "ansor bench"), 10,
+                              precision)
+    bf16 = earlier_rows(path, zoo_section(cpu, "bf16"), 10, "bf16")
+    assert sorted(bf16) == ["gpt2", "resnet50"] and bf16["resnet50"].ratio == pytest.approx(1.5)
+    assert earlier_rows(path, zoo_section(cpu, "bf16"), 10) == {}  # read as fp32: another table
+
+
 def test_the_readme_summary_shows_the_latest_run_between_its_markers(tmp_path):
     """The README's results block is generated too: the zoo's short table replaces whatever was there."""
     readme = tmp_path / "README.md"

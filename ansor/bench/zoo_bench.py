@@ -219,8 +219,17 @@ def zoo_rows(results: list[ZooResult], precision: str = "fp32"
     the models that ran."""
     pairs = [zoo_row(r) for r in results]
     geomean, count = geometric_mean([ratio for _, ratio in pairs])
-    header = HEADER[:len(HEADER) - len(RESULT_HEADER)] + result_header(precision)
-    return header, [row for row, _ in pairs], geomean, count
+    return zoo_header(precision), [row for row, _ in pairs], geomean, count
+
+
+def zoo_header(precision: str) -> tuple[str, ...]:
+    """The columns of the zoo's table for a run in ``precision``."""
+    return HEADER[:len(HEADER) - len(RESULT_HEADER)] + result_header(precision)
+
+
+def zoo_heading(minutes: float, precision: str) -> str:
+    """The title of the zoo's section for a run in ``precision`` of ``minutes`` of tuning a model."""
+    return f"## Model zoo{' in bf16' if precision != 'fp32' else ''} after {minutes:g} minutes of tuning each"
 
 
 def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: float, precision: str = "fp32") -> str:
@@ -237,7 +246,7 @@ def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: floa
                  "`ansor.networks.bf16.BF16_VS_FP32_RTOL`)" if bf16 else
                  "within the tolerance tuned builds are checked with (`ansor.networks.compare_outputs`)")
     theirs = " (after the semicolon: OpenVINO's bf16 output's, the same way)" if bf16 else ""
-    return (f"## Model zoo{' in bf16' if bf16 else ''} after {minutes:g} minutes of tuning each\n\n"
+    return (f"{zoo_heading(minutes, precision)}\n\n"
             f"{provenance.markdown()}\n{table}\n\n"
             f"Geometric mean of ansor / {peers_label(precision)}: **{geomean:.2f}** over the {count} "
             f"of {len(results)} models that ran. {BF16_NOTE if bf16 else RESULT_NOTE} \"matches ONNX Runtime\": "
@@ -251,23 +260,25 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
 
 
-def earlier_rows(path: Path, key: str, minutes: float) -> dict[str, StoredRow]:
+def earlier_rows(path: Path, key: str, minutes: float, precision: str = "fp32") -> dict[str, StoredRow]:
     """The rows of the zoo section ``key`` of the markdown file ``path``, by model, each with its ratio and
-    the date it was timed; none when the section is missing, has other columns or another ``minutes``."""
+    the date it was timed; none when the section is missing, has other columns, another ``minutes`` or
+    another ``precision``."""
     body = read_section(path, key)
-    if f"## Model zoo after {minutes:g} minutes of tuning each" not in body:
+    if zoo_heading(minutes, precision) not in body:
         return {}
     lines = [line for line in body.splitlines() if line.startswith("| ")]
-    if not lines or tuple(_cells(lines[0])) != HEADER:
+    header = zoo_header(precision)
+    if not lines or tuple(_cells(lines[0])) != header:
         return {}
     date = re.search(r"^- date: (\S+)", body, re.M)
     listed = re.search(r"Rows timed by earlier runs [^:]*: ([^\n]*)\.$", body, re.M)
     dates = dict(re.findall(r"([\w.-]+) \(([\w-]+)\)", listed.group(1))) if listed else {}
-    column = HEADER.index(RESULT_HEADER[2])  # ansor / fastest, in turn
+    column = header.index(RESULT_HEADER[2])  # ansor / fastest, in turn
     rows = {}
     for line in lines[2:]:
         cells = _cells(line)
-        if len(cells) != len(HEADER):
+        if len(cells) != len(header):
             continue
         try:
             ratio = float(cells[column].strip("*"))
@@ -334,7 +345,7 @@ def run_zoo(args: argparse.Namespace) -> int:
     provenance = Provenance.here(cpu_description())
     if args.reuse_timings and args.write_docs:
         docs = Path(args.write_docs) / "docs" / "benchmarks.md"
-        earlier = earlier_rows(docs, zoo_section(provenance.cpu, args.precision), args.minutes)
+        earlier = earlier_rows(docs, zoo_section(provenance.cpu, args.precision), args.minutes, args.precision)
         results = with_earlier_rows(results, earlier)
         print(f"{sum(r.model not in models for r in results)} rows of models not in this run kept from {docs}")
     header, rows, geomean, count = zoo_rows(results, args.precision)
