@@ -50,6 +50,7 @@ from ..state.tensor_intrin import AMX_ROWS, BF16_BITS, bf16_bits_to_f32, bf16_to
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_bits_where, bf16_matmul, bf16_rounded, unpadded
 from .bf16_storage import Product, store_bits
 from .calls import called_prim_func, mutate_relax_functions
+from .channel_padding import padded_channels
 from .conv_rewrite import bound_constant, grouped_nhwc, ungrouped_nhwc
 
 logger = logging.getLogger("ansor")
@@ -111,7 +112,7 @@ def whole_lanes(weight: np.ndarray) -> np.ndarray:
     """A ``[..., K, N]`` weight with zero output channels added up to a multiple of 16, where that adds at most
     :data:`MAX_PADDED_CHANNELS`; else ``weight`` itself (then not :func:`packable`)."""
     n = weight.shape[-1]
-    wide = -(-n // BF16_LANES) * BF16_LANES
+    wide = padded_channels(n, BF16_LANES)
     if wide == n or wide - n > MAX_PADDED_CHANNELS * n:
         return weight
     return np.concatenate([weight, np.zeros((*weight.shape[:-1], wide - n), weight.dtype)], axis=-1)
@@ -183,12 +184,13 @@ class _BF16Products(relax.PyExprMutator):
         a = call.attrs
         if not (_float32(call.args[0]) and str(a.out_dtype) in ("", "None", "float32")):
             return None
+        strides, padding = [int(s) for s in a.strides], [int(p) for p in a.padding]
+        dilation = [int(d) for d in a.dilation]
         if grouped_nhwc(call):
             self.grouped += 1
             rounded = relax.const(bf16_bits_to_f32(round_to_bf16(weight)))
-            return self._product(_grouped_conv_product, call.args[0], rounded,
-                                 int(a.groups), [int(s) for s in a.strides], [int(p) for p in a.padding],
-                                 [int(d) for d in a.dilation], name="bfloat_group_conv2d")
+            return self._product(_grouped_conv_product, call.args[0], rounded, int(a.groups), strides, padding,
+                                 dilation, name="bfloat_group_conv2d")
         if not ungrouped_nhwc(call):
             return None
         channels = weight.shape[-1]
@@ -196,8 +198,6 @@ class _BF16Products(relax.PyExprMutator):
         if not packable(weight):
             return None
         self.convs += 1
-        strides, padding = [int(s) for s in a.strides], [int(p) for p in a.padding]
-        dilation = [int(d) for d in a.dilation]
         width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
         if self.amx and phased(weight.shape[:2], strides, dilation, width):
             return self._product(_phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
@@ -259,14 +259,11 @@ def _cut(product: te.Tensor, channels: int) -> te.Tensor:
     return unpadded(product, (*(int(d) for d in product.shape[:-1]), channels), "conv_bf16_unpadded")
 
 
-def _padded_a16(data: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
-    """``A16`` of a convolution: ``data`` rounded to bf16 bits and zero-padded (``padding``: top, left, bottom,
-    right; ``channels``: with the zero channel of :func:`even_channels`); an unpadded activation its producer
-    stored as bf16 bits (:mod:`.bf16_storage`) is ``A16`` as it is."""
-    n, h, w, ci = (int(d) for d in data.shape)
+def _padded_bits(data: te.Tensor, channels: int, padding: list[int]) -> tuple[tuple[int, ...], Callable]:
+    """The shape and the element of ``data`` rounded to bf16 bits and zero-padded (``padding``: top, left,
+    bottom, right; ``channels``: with the zero channel of :func:`even_channels`)."""
+    n, h, w, _ = (int(d) for d in data.shape)
     top, left, bottom, right = padding
-    if data.dtype == BF16_BITS and not any(padding) and channels == ci:
-        return data
 
     def rounded(b, y, x, c):
         if not any(padding):
@@ -274,7 +271,15 @@ def _padded_a16(data: te.Tensor, channels: int, padding: list[int]) -> te.Tensor
         return _channel_bits(data, channels, [y >= top, y < h + top, x >= left, x < w + left], b, y - top,
                              x - left, c)
 
-    return te.compute((n, h + top + bottom, w + left + right, channels), rounded, name="A16")
+    return (n, h + top + bottom, w + left + right, channels), rounded
+
+
+def _padded_a16(data: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
+    """``A16`` of a convolution: ``data`` rounded to bf16 bits and zero-padded (:func:`_padded_bits`); an
+    unpadded activation its producer stored as bf16 bits (:mod:`.bf16_storage`) is ``A16`` as it is."""
+    if data.dtype == BF16_BITS and not any(padding) and channels == int(data.shape[-1]):
+        return data
+    return te.compute(*_padded_bits(data, channels, padding), name="A16")
 
 
 def _out_size(a16: te.Tensor, taps: tuple[int, int], strides: list[int], dilation: list[int]) -> tuple[int, int]:
@@ -307,14 +312,8 @@ def _rounded_values(data: te.Tensor, padding: list[int]) -> te.Tensor:
     """``A32``: ``data`` rounded to bf16 (or, stored as bf16 bits, decoded) as fp32 values, zero-padded. A
     depthwise layer's FMAs read each input element once a tap: converted here, the search may convert it once
     (MobileNet-V3's 3x3 and 5x5 ones, reading bits converted at each tap: 7-43 % slower than fp32; Zen 4)."""
-    n, h, w, c = (int(d) for d in data.shape)
-    top, left, bottom, right = padding
-
-    def value(b, y, x, ch):
-        inside = [y >= top, y < h + top, x >= left, x < w + left] if any(padding) else []
-        return bf16_to_f32(bf16_bits_where(inside, data(b, y - top, x - left, ch)))
-
-    return te.compute((n, h + top + bottom, w + left + right, c), value, name="A32")
+    shape, bits = _padded_bits(data, int(data.shape[-1]), padding)
+    return te.compute(shape, lambda b, y, x, ch: bf16_to_f32(bits(b, y, x, ch)), name="A32")
 
 
 def _subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) -> te.Tensor:
