@@ -577,3 +577,53 @@ def test_bf16_pads_a_classifiers_channels_in_its_product_not_by_fp32s_slice():
     assert any("strided_slice" in n for n in fp32), fp32
     assert [t.name for t in bf] == ["bfloat_conv2d [16,512]x[63,1,1,256,16,2]"], [t.name for t in bf]
     assert program.arg_specs(bf[0].task)[-1][0] == (16, 1000)  # the 1x1 layer flattened to a product of pixels
+
+
+def grouped_layers() -> tvm.IRModule:
+    """RegNet's grouped 3x3 convolution (5 groups of 8 channels), then a 1x1 one of 2 groups (20 -> 16 channels
+    each), then one of 4-channel groups."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (
+        ("x", (1, 6, 6, 40)), ("w1", (3, 3, 8, 40)), ("w2", (1, 1, 20, 32)), ("w3", (3, 3, 4, 32)))]
+    nhwc, op = {"data_layout": "NHWC", "kernel_layout": "HWIO"}, relax.op
+    with bb.function("main", args):
+        with bb.dataflow():
+            a = bb.emit(op.nn.relu(op.nn.conv2d(args[0], args[1], padding=1, groups=5, **nhwc)))
+            b = bb.emit(op.nn.conv2d(a, args[2], groups=2, **nhwc))
+            out = bb.emit_output(op.nn.conv2d(b, args[3], padding=1, groups=8, **nhwc))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def grouped_conv(x: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
+    """numpy's NHWC/HWIO grouped convolution of ``x`` (padded already) by ``w``, stride 1."""
+    kh, kw, ci, co = w.shape
+    h, wd = x.shape[1] - kh + 1, x.shape[2] - kw + 1
+    return np.concatenate([sum(
+        x[:, i:i + h, j:j + wd, g * ci:(g + 1) * ci] @ w[i, j, :, g * co // groups:(g + 1) * co // groups]
+        for i in range(kh) for j in range(kw)) for g in range(groups)], axis=-1)
+
+
+def test_groups_that_tile_16_channels_are_dot_products_of_block_diagonal_weights():
+    """Groups of 8 and of 16 channels become 16-channel products whose weight is zero outside each channel's
+    group (40 channels as 48: the zero channels read zero inputs); groups of 4 would compute 4x their products
+    and stay fp32 FMA on rounded inputs. Numerics: numpy's bf16 products; vdpbf16ps for AVX512_BF16."""
+    mod = grouped_layers()
+    params = params_of(mod)
+    ex, exe = default_build(mod, params, PORTABLE)
+    names = sorted(t.name.split(" ")[0] for t in ex.tasks)
+    assert names == ["bfloat_group_conv2d", "fused_bfloat_group_conv2d_bf_bits",
+                     "fused_bfloat_group_conv2d_relu_bf_bits"], names
+    dots = [t.task for t in ex.tasks if "relu" in t.name or t.name.startswith("fused")]
+    assert all("group_conv_bf16" not in str(t.compute_dag) and "conv_bf16" in str(t.compute_dag) for t in dots)
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 6, 6, 40)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    pad = ((0, 0), (1, 1), (1, 1), (0, 0))
+    a = np.maximum(grouped_conv(np.pad(bf16(x), pad), bf16(params["w1"]), 5), 0)
+    b = grouped_conv(bf16(a), bf16(params["w2"]), 2)
+    want = grouped_conv(np.pad(bf16(b), pad), bf16(params["w3"]), 8)
+    assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
+    for t in extract(as_network(mod, params), AVX512_BF16, precision=BF16).tasks:
+        if "group_conv_bf16" not in str(t.task.compute_dag):
+            asm = codegen.compile(program.schedule(t.task, default_state(t.task)), t.task.target).mod
+            assert "vdpbf16ps" in asm.inspect_source("asm"), t.name

@@ -22,8 +22,11 @@ divide (ViT's 197 tokens) are padded to the multiple of a tile's rows that takes
 strided convolution reads its input in phases (:func:`_phased_conv_product`), so that a row of its outputs
 reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads).
 
-A grouped or depthwise convolution (MobileNet's, ResNeXt's) fits no bf16 dot product: each output channel
-reads channels of its own, not one pair that 16 lanes share. It rounds its inputs all the same (``A32``: the
+A grouped convolution whose groups tile 16 output channels (RegNet's and ResNeXt's) is a product of 16-channel
+blocks, each reading the input channels of its groups, its weight zero outside each output channel's group
+(:func:`block_diagonal`: groups of 8 compute twice their products, of 16 or more none). Where that waste would
+pass :data:`MAX_GROUP_WASTE` (a depthwise convolution, MobileNet's: each output channel reads one channel of
+its own, not one pair that 16 lanes share), the convolution rounds its inputs all the same (``A32``: the
 activation's bf16 values as fp32; the weight's, rounded here), and multiplies and adds them in fp32 FMA
 (:func:`_grouped_conv_product`): OpenVINO's bf16 numbers, and an activation between it and the layers
 around it may be stored as bf16 bits (:mod:`.bf16_storage`), half the bytes of a memory-bound layer.
@@ -69,6 +72,9 @@ MAX_PADDED_ROWS = 1 / 8
 #: products (zero weights, the output cut back): up to half, as the bf16 unit does twice fp32's products an
 #: instruction. MobileNet-V3's 24, 40 and 72 channels as 32, 48 and 80; a classifier's 1000 as 1008.
 MAX_PADDED_CHANNELS = 1 / 2
+#: How many times its useful products a grouped convolution may compute as 16-channel dot products (zero weights
+#: outside each group): 2, as the bf16 unit does twice fp32's products an instruction (RegNet-Y's groups of 8).
+MAX_GROUP_WASTE = 2
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
@@ -85,11 +91,12 @@ def use_bf16(mod: tvm.IRModule, amx: bool = False) -> tvm.IRModule:
     convolutions in phases: the module notes)."""
     mutator = _BF16Products(mod, amx)
     mod, stored = store_bits(mutate_relax_functions(mutator), mutator.products, _OUT_FUSABLE)
-    logger.info("bf16: %d convolutions, %d grouped ones (fp32 FMA), %d dense layers and %d products of two "
-                "activations take bf16 inputs; %d products stay fp32 (not NHWC, not float32, output channels that need "
-                "over %.0f %% more to fill 16 lanes, an odd reduction, broadcast operands, or padding over %.0f %%); "
-                "%d activations stored as bf16 bits", mutator.convs, mutator.grouped, mutator.denses, mutator.batched,
-                mutator.kept, 100 * MAX_PADDED_CHANNELS, 100 * MAX_PADDED_ROWS, stored)
+    logger.info("bf16: %d convolutions (grouped ones whose groups tile 16 channels included), %d grouped ones in "
+                "fp32 FMA, %d dense layers and %d products of two activations take bf16 inputs; %d products stay "
+                "fp32 (not NHWC, not float32, output channels that need over %.0f %% more to fill 16 lanes, an odd "
+                "reduction, broadcast operands, or padding over %.0f %%); %d activations stored as bf16 bits",
+                mutator.convs, mutator.grouped, mutator.denses, mutator.batched, mutator.kept,
+                100 * MAX_PADDED_CHANNELS, 100 * MAX_PADDED_ROWS, stored)
     return mod
 
 
@@ -116,6 +123,27 @@ def whole_lanes(weight: np.ndarray) -> np.ndarray:
     if wide == n or wide - n > MAX_PADDED_CHANNELS * n:
         return weight
     return np.concatenate([weight, np.zeros((*weight.shape[:-1], wide - n), weight.dtype)], axis=-1)
+
+
+def block_diagonal(weight: np.ndarray, groups: int) -> Optional[np.ndarray]:
+    """A grouped HWIO weight ``[KH, KW, CI / groups, CO]`` as the weight of a product of 16-channel blocks:
+    ``[KH, KW, K, CO']``, block ``o // 16`` reading ``K`` input channels from ``o // max(16, CO / groups) * K``
+    (its groups' channels), zero where a channel is outside an output channel's group; ``CO'``: whole 16s
+    (:func:`whole_lanes`). None where groups do not tile 16 channels, ``K`` is odd, or the block computes over
+    :data:`MAX_GROUP_WASTE` times its useful products."""
+    kh, kw, ci_group, co = weight.shape
+    co_group = co // groups
+    if co_group % BF16_LANES and (BF16_LANES % co_group or BF16_LANES // co_group > MAX_GROUP_WASTE):
+        return None
+    span = ci_group * max(1, BF16_LANES // co_group)
+    wide = whole_lanes(weight)
+    if span % BF16_PAIR or not packable(wide):
+        return None
+    blocks = np.zeros((kh, kw, span, wide.shape[-1]), weight.dtype)
+    for o in range(co):
+        first = o // co_group * ci_group - o // max(BF16_LANES, co_group) * span  # its group's, in the block's
+        blocks[:, :, first:first + ci_group, o] = weight[..., o]
+    return blocks
 
 
 def _packed(weight: np.ndarray) -> relax.Constant:
@@ -187,6 +215,12 @@ class _BF16Products(relax.PyExprMutator):
         strides, padding = [int(s) for s in a.strides], [int(p) for p in a.padding]
         dilation = [int(d) for d in a.dilation]
         if grouped_nhwc(call):
+            blocks = block_diagonal(weight, int(a.groups))
+            if blocks is not None:
+                self.convs += 1
+                block = max(BF16_LANES, weight.shape[-1] // int(a.groups))
+                return self._product(_conv_product, call.args[0], _packed(blocks), blocks.shape[:2], strides,
+                                     padding, dilation, weight.shape[-1], block, name="bfloat_group_conv2d")
             self.grouped += 1
             rounded = relax.const(bf16_bits_to_f32(round_to_bf16(weight)))
             return self._product(_grouped_conv_product, call.args[0], rounded, int(a.groups), strides, padding,
@@ -234,22 +268,29 @@ class _BF16Products(relax.PyExprMutator):
 
 
 def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
-                  padding: list[int], dilation: list[int], channels: int) -> te.Tensor:
+                  padding: list[int], dilation: list[int], channels: int, block: int = 0) -> te.Tensor:
     """NHWC output of the convolution of ``data`` (rounded, padded: ``A16``) by the packed weight, its first
-    ``channels`` (the rest are :func:`whole_lanes`' zero channels)."""
+    ``channels`` (the rest are :func:`whole_lanes`' zero channels); ``block``, a grouped one's: every ``block``
+    output channels read the next ``K`` input channels (:func:`block_diagonal`), where without it all read all."""
     n = int(data.shape[0])
-    ci = int(packed.shape[-3]) * BF16_PAIR
+    ci = k = int(packed.shape[-3]) * BF16_PAIR
     kh, kw = taps
-    if (kh, kw) == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
+    if block:
+        ci = int(packed.shape[0]) * BF16_LANES // block * k
+    elif (kh, kw) == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
         return _cut(_subsampled_product(data, packed, strides), channels)
     a16 = _padded_a16(data, ci, padding)
     out_h, out_w = _out_size(a16, taps, strides, dilation)
     ry = te.reduce_axis((0, kh), name="ry") if kh > 1 else 0
     rx = te.reduce_axis((0, kw), name="rx") if kw > 1 else 0
-    rc = te.reduce_axis((0, ci), name="rc")
+    rc = te.reduce_axis((0, k), name="rc")
     axes = [r for r in (ry, rx) if not isinstance(r, int)] + [rc]
+
+    def channel(o):
+        return o // block * k + rc if block else rc
+
     return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
-        bf16_to_f32(a16[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], rc])
+        bf16_to_f32(a16[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], channel(o)])
         * bf16_to_f32(packed[o // BF16_LANES, ry, rx, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
         axis=axes), name="conv_bf16"), channels)
 

@@ -21,6 +21,7 @@ from tvm.ir.prim import expr as E
 from tvm.tirx.analysis import undefined_vars
 
 from .access import Access, Affine, BlockInfo, BlockVar, IterKind, LoopPart
+from .tensor_intrin import BF16_BITS
 from ..errors import AnsorError
 
 if TYPE_CHECKING:
@@ -139,14 +140,18 @@ class ComputeDAG:
                      for acc in reads for idx in acc.indices)
         strictly_inlineable = (not is_reduction and not is_output and simple and not has_branch
                                and not has_expensive)
-        # Ansor's data-reuse test: count the producers whose access misses a (non-unit) spatial axis.
+        # Ansor's data-reuse test: count the producers whose access misses a (non-unit) spatial axis. A
+        # non-affine access skips its producer, unless it reads bf16 bits by known variables (a grouped bf16
+        # product's channel ``o // 16 * K + rc``): fp32's (Winograd's tiles) keep the search space they had.
         spatial = [v.name for v in vars_ if v.kind == IterKind.SPATIAL and v.extent > 1]
         n_missing = 0
         for buffer in {a.buffer for a in reads}:
             accs = [a for a in reads if a.buffer == buffer]
             used = {n for a in accs for idx in a.indices if idx is not None for n, _ in idx.terms}
             if any(idx is None for a in accs for idx in a.indices):
-                continue
+                if self.buffer_dtypes.get(buffer) != BF16_BITS or any(a.opaque_vars is None for a in accs):
+                    continue
+                used.update(*(a.opaque_vars for a in accs))
             n_missing += any(s not in used for s in spatial)
         needs_tiling = n_missing >= 2 or (n_missing >= 1 and is_reduction)
         total = flops * math.prod(v.extent for v in vars_)
