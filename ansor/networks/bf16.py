@@ -376,7 +376,7 @@ def _subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) 
 def padded_to(extent: int, multiple: int) -> Optional[int]:
     """``extent`` rounded up to a multiple of ``multiple`` (an attention product's 197 columns: 208, its 197
     reduction channels: 198), if that adds at most :data:`MAX_PADDED_ROWS`; else None."""
-    padded = -(-extent // multiple) * multiple
+    padded = padded_channels(extent, multiple)
     return padded if padded - extent <= MAX_PADDED_ROWS * extent else None
 
 
