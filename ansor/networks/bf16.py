@@ -73,8 +73,8 @@ MAX_PADDED_ROWS = 1 / 8
 #: instruction. MobileNet-V3's 24, 40 and 72 channels as 32, 48 and 80; a classifier's 1000 as 1008.
 MAX_PADDED_CHANNELS = 1 / 2
 #: How many times its useful products a grouped convolution may compute as 16-channel dot products (zero weights
-#: outside each group): RegNet-Y-400MF's five layers of groups of 8, per-task bests after 10 minutes, fp32 FMA
-#: 1.05 ms, dot products 0.85 (Zen 4); each no slower.
+#: outside each group): RegNet-Y-400MF's 14 layers of groups of 8 (5 tasks), per-task bests after 10 minutes,
+#: fp32 FMA 1.05 ms, dot products 0.85 (Zen 4); no task slower.
 MAX_GROUP_WASTE = 2
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
