@@ -126,25 +126,25 @@ def whole_lanes(weight: np.ndarray) -> np.ndarray:
     return np.concatenate([weight, np.zeros((*weight.shape[:-1], wide - n), weight.dtype)], axis=-1)
 
 
-def block_diagonal(weight: np.ndarray, groups: int) -> Optional[np.ndarray]:
-    """A grouped HWIO weight ``[KH, KW, CI / groups, CO]`` as the weight of a product of 16-channel blocks:
-    ``[KH, KW, K, CO']``, block ``o // 16`` reading ``K`` input channels from ``o // max(16, CO / groups) * K``
-    (its groups' channels), zero where a channel is outside an output channel's group; ``CO'``: whole 16s
-    (:func:`whole_lanes`). None where groups do not tile 16 channels, ``K`` is odd, or the block computes over
-    :data:`MAX_GROUP_WASTE` times its useful products."""
+def block_diagonal(weight: np.ndarray, groups: int) -> Optional[tuple[np.ndarray, int]]:
+    """A grouped HWIO weight ``[KH, KW, CI / groups, CO]`` as the weight of a product of 16-channel blocks,
+    ``[KH, KW, K, CO']``, and ``block``: every ``block = max(16, CO / groups)`` output channels read ``K``
+    input channels from ``o // block * K`` (their groups' channels); zero where a channel is outside an output
+    channel's group; ``CO'``: whole 16s (:func:`whole_lanes`). None where groups do not tile 16 channels, ``K``
+    is odd, or the block computes over :data:`MAX_GROUP_WASTE` times its useful products."""
     kh, kw, ci_group, co = weight.shape
     co_group = co // groups
     if co_group % BF16_LANES and (BF16_LANES % co_group or BF16_LANES // co_group > MAX_GROUP_WASTE):
         return None
-    span = ci_group * max(1, BF16_LANES // co_group)
+    span, block = ci_group * max(1, BF16_LANES // co_group), max(BF16_LANES, co_group)
     wide = whole_lanes(weight)
     if span % BF16_PAIR or not packable(wide):
         return None
     blocks = np.zeros((kh, kw, span, wide.shape[-1]), weight.dtype)
     for o in range(co):
-        first = o // co_group * ci_group - o // max(BF16_LANES, co_group) * span  # its group's, in the block's
+        first = o // co_group * ci_group - o // block * span  # its group's channels, in the block's
         blocks[:, :, first:first + ci_group, o] = weight[..., o]
-    return blocks
+    return blocks, block
 
 
 def _packed(weight: np.ndarray) -> relax.Constant:
@@ -216,10 +216,10 @@ class _BF16Products(relax.PyExprMutator):
         strides, padding = [int(s) for s in a.strides], [int(p) for p in a.padding]
         dilation = [int(d) for d in a.dilation]
         if grouped_nhwc(call):
-            blocks = block_diagonal(weight, int(a.groups))
-            if blocks is not None:
+            diagonal = block_diagonal(weight, int(a.groups))
+            if diagonal is not None:
                 self.convs += 1
-                block = max(BF16_LANES, weight.shape[-1] // int(a.groups))
+                blocks, block = diagonal
                 return self._product(_conv_product, call.args[0], _packed(blocks), blocks.shape[:2], strides,
                                      padding, dilation, weight.shape[-1], block, name="bfloat_group_conv2d")
             self.grouped += 1
