@@ -22,11 +22,14 @@ from ansor import codegen
 from ansor.bench.network_report import ModelReport, result_cells, result_header
 from ansor.bench.peers import PeerResult
 from ansor.bench.zoo_bench import matches_ort, run_key, zoo_section
+from ansor.cli.evaluation import BuildCheck
 from ansor.cli.logs import log_name, network_from_log_name, precision_from_log_name
 from ansor.host_cpu import MatrixUnit, allow_amx, host_cpu
 from ansor.log.records import load_records
 from ansor.networks import NetworkError, apply_history_best, apply_schedules, build, compare_outputs, extract
-from ansor.networks.bf16 import BF16_BUILD_RTOL, BF16_VS_FP32_RTOL, amx_padded_rows, pack_weight, padded_to
+from ansor.networks.bf16 import (
+    BF16_BUILD_RTOL, BF16_NOISE_SLACK, BF16_VS_FP32_RTOL, amx_padded_rows, pack_weight, padded_to,
+)
 from ansor.networks.default_schedule import default_state
 from ansor.networks.evaluate import OutputComparison, run
 from ansor.relax import as_network, export_network, tune_tasks
@@ -337,6 +340,22 @@ def test_log_names_carry_the_precision():
     assert network_from_log_name("logs/resnet-50-b1-bf16.json") == ("resnet-50", 1)
     assert precision_from_log_name("logs/resnet-50-b1-bf16.json") == "bf16"
     assert precision_from_log_name("logs/resnet-50-b1.json") == "fp32"
+    assert precision_from_log_name("bench-work/resnet50-bf16.json") == "bf16"  # the zoo bench's name
+
+
+def test_builds_apart_beyond_bf16_tolerance_pass_only_as_close_to_fp32_as_the_default():
+    # LR-ASPP's figures: its two bf16 builds 2.86 apart (4.3 % of the scale), 19.9 and 19.5 from fp32.
+    apart = OutputComparison(2.86, 66.0, BF16_BUILD_RTOL, 1e-5)
+    default = OutputComparison(19.5, 66.0, BF16_VS_FP32_RTOL, 1e-5)
+    assert not apart.ok
+    assert not BuildCheck(apart).ok  # nothing to compare with: a failure
+    amplified = BuildCheck(apart, OutputComparison(19.9, 66.0, BF16_VS_FP32_RTOL, 1e-5), default)
+    assert amplified.ok and "amplifies rounding" in amplified.summary()
+    limit = BF16_NOISE_SLACK * default.max_abs_error
+    wrong = BuildCheck(apart, OutputComparison(limit * 1.01, 66.0, BF16_VS_FP32_RTOL, 1e-5), default)
+    assert not wrong.ok and "amplifies" not in wrong.summary() and "default bf16 build 19.5" in wrong.summary()
+    close = BuildCheck(OutputComparison(0.5, 66.0, BF16_BUILD_RTOL, 1e-5))
+    assert close.ok and close.summary().startswith("tuned == default build")
 
 
 @pytest.mark.slow

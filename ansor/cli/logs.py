@@ -40,6 +40,6 @@ def network_from_log_name(path: os.PathLike) -> Optional[tuple[str, int]]:
 
 
 def precision_from_log_name(path: os.PathLike) -> str:
-    """``bf16`` for a log named ``<network>-b<batch>-bf16.json``, else ``fp32``."""
-    match = _LOG_NAME.match(Path(path).stem)
-    return "bf16" if match and match["precision"] else "fp32"
+    """``bf16`` for a log whose name ends in ``-bf16.json`` (``ansor tune``'s ``<network>-b<batch>-bf16.json``,
+    the zoo bench's ``<model>-bf16.json``), else ``fp32``."""
+    return "bf16" if Path(path).stem.endswith("-bf16") else "fp32"

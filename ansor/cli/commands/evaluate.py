@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                                           runs_here=True)
         print(f"{log}: {net.name} batch {net.batch_size} ...", file=sys.stderr, flush=True)
         extraction = extract(net, target, precision=network_precision(args, target, log))
-        ev = evaluate_network(extraction, log, target, repeat=args.repeat)
+        ev = evaluate_network(net, extraction, log, target, repeat=args.repeat)
         threads = ev.tuned.num_threads
         if ev.tuned_tasks == 0:
             print(f"warning: {log} has no valid record of any task of {net.name} batch {net.batch_size} for "
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             kind = TORCH
         kinds.add(kind)
         base, tuned = (getattr(baseline, f"{args.stat}_ms"), getattr(ev.tuned, f"{args.stat}_ms"))
-        ok = ev.comparison.ok
+        ok = ev.check.ok
         wrong += not ok
         used = f"{TORCH}, {baseline.num_threads} threads" if kind == TORCH else DEFAULT
         rows.append((net.name, str(net.batch_size), f"{base:.3f} ms", f"{tuned:.3f} ms",

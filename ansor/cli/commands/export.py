@@ -49,9 +49,9 @@ def execute(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ...networks import apply_schedules, apply_history_best, build, compare_outputs, extract
+    from ...networks import apply_schedules, apply_history_best, build, extract
     from ...relax import export_network
-    from ..evaluation import pool_setting, tuned_task_count
+    from ..evaluation import check_tuned, pool_setting, tuned_task_count
     from ..options import network_precision
     from ..networks import network_for_log
     from ..running import EXIT_FAILED
@@ -69,16 +69,14 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     tuned_exe = build(apply_history_best(extraction.mod, extraction.tasks, log, target=target), target)
     default_exe = build(apply_schedules(extraction.mod, extraction.tasks, {}, target=target), target)
-    cmp_ = compare_outputs(extraction.network, tuned_exe, default_exe, target, rtol=extraction.output_rtol)
-    if not cmp_.ok:
-        print(f"error: the tuned build's output differs from the default build's: max |difference| "
-              f"{cmp_.max_abs_error:.3g} > allowed {cmp_.allowed:.3g}; a schedule in {log} is "
-              "wrong, nothing was written", file=sys.stderr)
+    check = check_tuned(net, extraction, tuned_exe, default_exe, target)
+    if not check.ok:
+        print(f"error: the tuned build's output differs from the default build's: {check.summary()}; a schedule "
+              f"in {log} is wrong, nothing was written", file=sys.stderr)
         return EXIT_FAILED
     env = (pool_setting(tuned_exe, extraction.network, target, args.pool_probe_processes)
            if args.pool_probe else {})
     library = export_network(tuned_exe, extraction.network, args.out, target, env)
     print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
-          f"{', params.bin' if extraction.network.weights else ''}); output check: tuned == default build "
-          f"(max |difference| {cmp_.max_abs_error:.3g})")
+          f"{', params.bin' if extraction.network.weights else ''}); output check: {check.summary()}")
     return 0

@@ -226,14 +226,12 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
         print(f"note: {where} has no measurement of this network's tasks: the tuned build is the default "
               "build", file=sys.stderr)
     print("building the default and the tuned network ...", file=sys.stderr)
-    ev = evaluate_network(extraction, logs, target, repeat=args.repeat)
-    cmp_ = ev.comparison
-    if not cmp_.ok:
-        print(f"error: the tuned build's output differs from the default build's: max |difference| "
-              f"{cmp_.max_abs_error:.3g} > allowed {cmp_.allowed:.3g} "
-              f"(output scale {cmp_.scale:.3g}); a schedule in {where} is wrong, or the network amplifies float "
-              "rounding differences that much (then its output also moves under a 1e-6 change of the input)",
-              file=sys.stderr)
+    ev = evaluate_network(net, extraction, logs, target, repeat=args.repeat)
+    check = ev.check
+    if not check.ok:
+        print(f"error: the tuned build's output differs from the default build's: {check.summary()}; a schedule "
+              f"in {where} is wrong, or the network amplifies float rounding differences that much (then its "
+              "output also moves under a 1e-6 change of the input)", file=sys.stderr)
         return EXIT_FAILED
     if args.export:
         from ...relax import export_network
@@ -242,11 +240,11 @@ def report(args: argparse.Namespace, net, extraction, target, logs: list[Path], 
         library = export_network(ev.tuned_executable, extraction.network, args.export, target, env)
         print(f"Exported the tuned build to {library.parent} (model.so, model.json, README.md"
               f"{', params.bin' if extraction.network.weights else ''})")
-    print(f"Output check: tuned == default build (max |difference| {cmp_.max_abs_error:.3g}, allowed "
-          f"{cmp_.allowed:.3g})")
+    print(f"Output check: {check.summary()}")
     if extraction.precision.value != "fp32":
-        from ..evaluation import error_against_fp32
-        err = error_against_fp32(net, extraction, ev.tuned_executable, target)
+        from ..evaluation import error_against_fp32, fp32_reference
+        err = check.tuned_vs_fp32 or error_against_fp32(extraction, ev.tuned_executable, fp32_reference(net, target),
+                                                        target)
         print(f"{extraction.precision.value} error: max |tuned - fp32 default build| {err.max_abs_error:.3g} "
               f"({err.max_abs_error / max(err.scale, 1e-30):.2%} of the output's scale {err.scale:.3g})")
     print(f"Mean inference time (std dev): {ev.tuned.mean_ms:.3f} ms ({ev.tuned.std_ms:.3f} ms)")
