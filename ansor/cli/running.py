@@ -39,8 +39,8 @@ class OpenLog:
 
 def run_main(run: Callable[[argparse.Namespace], int], args: argparse.Namespace,
              log: Optional[OpenLog] = None) -> int:
-    """Set up logging (``args.verbose``), check the environment, then call ``run(args)``: bad input (:class:`AnsorError`) ->
-    ``error: ...`` and 2, Ctrl-C -> 130 (naming ``log``'s file if one is open)."""
+    """Set up logging (``args.verbose``), check the environment, then call ``run(args)``: bad input
+    (:class:`AnsorError`) -> ``error: ...`` and 2, Ctrl-C -> 130 (naming ``log``'s file if one is open)."""
     setup_logging(getattr(args, "verbose", False))
     try:
         check_environment()

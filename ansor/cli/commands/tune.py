@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "rounds (default: never stop a task)")
     parser.add_argument("--cost-model", choices=("xgb", "random"), default="xgb",
                         help="cost model that ranks candidates, shared by all tasks (default xgb)")
-    parser.add_argument("--load-model", default=None, metavar="FILE", type=ExistingFile("a saved cost model", "model.npz"),
+    parser.add_argument("--load-model", default=None, metavar="FILE",
+                        type=ExistingFile("a saved cost model", "model.npz"),
                         help="start from a cost model saved by ansor train-model")
     parser.add_argument("--no-pretrained", action="store_true",
                         help="start cold: no shipped pretrained cost model and no first candidates from the "
