@@ -14,17 +14,19 @@ CPU search does best on NHWC convolutions, and the schedule may choose each cons
    their inverse: ConvNeXt permutes its activations to NCHW for its layer scale and residual add, and its
    next convolution, now NHWC, permuted them back (63 of ConvNeXt-T's 68 transposes go, and 8 of its 33
    tasks: the layer scale and residual add become the linear layer's epilogue).
-4. **Convolutions that mostly read padding are cut into regions** (:mod:`.padding_taps`) that compute only
+4. **Bilinear resizes run in two passes** (:mod:`.separable_resize`), along the rows, then down the columns
+   reading whole rows, not four gathers an output; one permuted to NCHW writes NCHW.
+5. **Convolutions that mostly read padding are cut into regions** (:mod:`.padding_taps`) that compute only
    the kernel taps in bounds: DeepLabV3's dilation-36 ASPP convolution on a 33x33 map becomes a 1x1 one.
-5. **Output channels fill whole vectors** (:mod:`.channel_padding`, given the target's vector width): a
+6. **Output channels fill whole vectors** (:mod:`.channel_padding`, given the target's vector width): a
    convolution with a long reduction whose output channels are not a multiple of the vector length (a
    classifier's 1000 on AVX-512) computes zero channels up to one, and a slice drops them (in bf16 the
    products pad their channels themselves, to whole dot products: :func:`.bf16.whole_lanes`).
-6. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
+7. **3x3 stride-1 convolutions use Winograd F(2x2, 3x3)** (:mod:`.winograd`, ``winograd=False`` keeps
    them direct): 16 multiply-adds per output tile and channel pair instead of 36. In bf16
    (``precision``), the convolutions and dense layers take bf16 inputs instead (:mod:`.bf16`), all direct:
    the Winograd transforms would round their inputs' sums and differences to bf16's 8 bits.
-7. **Fast math** (:mod:`.fast_math`, ``fast_math=False`` keeps the exact operators): float32 ``exp``,
+8. **Fast math** (:mod:`.fast_math`, ``fast_math=False`` keeps the exact operators): float32 ``exp``,
    ``sigmoid``, SiLU, ``tanh``, ``erf``, GELU and softmax become vectorizable versions (a few ulps; NaN and
    ±inf as the exact functions). LLVM calls libm's scalar ``expf``/``erff`` per element otherwise: one
    BERT GELU over 128 x 3072 elements took 3.6 ms, a sigmoid epilogue ~3 ns an element.
@@ -51,6 +53,7 @@ from .fast_math import use_fast_math
 from .network import Network, NetworkError
 from .conv_rewrite import bound_constant
 from .padding_taps import skip_padding_taps
+from .separable_resize import separable_resizes
 from .transpose_sinking import sink_transposes
 from .winograd import winograd_convs
 
@@ -86,6 +89,7 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
             mod = relax.transform.ConvertLayout(CHANNELS_LAST)(mod)
             mod = fold_constants(mod)
         mod = sink_transposes(mod)
+        mod = separable_resizes(mod)
         mod = skip_padding_taps(mod)
         if vector_bytes and precision is not Precision.BF16:  # bf16 pads its products' channels itself
             mod = pad_output_channels(mod, vector_bytes)

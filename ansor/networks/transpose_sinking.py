@@ -43,12 +43,14 @@ def sink_transposes(mod: tvm.IRModule) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
 
 
-def _static_shape(expr: relax.Expr) -> bool:
+def static_shape(expr: relax.Expr) -> bool:
+    """Whether ``expr``'s tensor shape is known in every dimension."""
     shape = getattr(expr.ty, "shape", None)
     return isinstance(shape, relax.ShapeExpr) and all(isinstance(d, tvm.tirx.IntImm) for d in shape.values)
 
 
-def _axes(call: relax.Call) -> tuple[int, ...]:
+def permute_axes(call: relax.Call) -> tuple[int, ...]:
+    """A ``permute_dims`` call's axes (``None`` in the call: reversed)."""
     axes = call.attrs.axes
     ndim = call.args[0].ty.ndim
     return tuple(range(ndim - 1, -1, -1)) if axes is None else tuple(int(a) for a in axes)
@@ -88,7 +90,7 @@ class _Uses:
         if key not in self._memo:
             self._memo[key] = False  # a cycle (none in a dataflow block) would read False
             self._memo[key] = any(
-                _is_identity(tuple(perm[a] for a in _axes(b.value))) if _op(b.value) == PERMUTE
+                _is_identity(tuple(perm[a] for a in permute_axes(b.value))) if _op(b.value) == PERMUTE
                 else _op(b.value) in ELEMENTWISE and self.cancels(b.var, perm)
                 for b in self.users.get(var.__chandle__(), ()))
         return self._memo[key]
@@ -116,11 +118,11 @@ class _TransposeSinker(relax.PyExprMutator):
             return None
         bound = self.lookup_binding(expr)
         if isinstance(bound, relax.Call) and _op(bound) == PERMUTE:
-            return bound.args[0], _axes(bound)
+            return bound.args[0], permute_axes(bound)
         return None
 
     def _compose(self, call: relax.Call) -> relax.Expr:
-        source, axes = call.args[0], _axes(call)
+        source, axes = call.args[0], permute_axes(call)
         inner = self._permuted(source)
         if inner is not None:
             source, first = inner
@@ -130,7 +132,7 @@ class _TransposeSinker(relax.PyExprMutator):
         return relax.op.permute_dims(source, list(axes)) if inner is not None else call
 
     def _sink(self, call: relax.Call, var: relax.Var) -> Optional[relax.Expr]:
-        if not _static_shape(call):
+        if not static_shape(call):
             return None
         perm: Optional[tuple[int, ...]] = None
         args: list[Optional[relax.Expr]] = []
