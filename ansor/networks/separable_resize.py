@@ -127,7 +127,7 @@ class _Separate(relax.PyExprMutator):
         super().__init__(mod)
         self.count = 0
         self.bound: dict[int, relax.Call] = {}  # variable -> the separable resize bound to it
-        readers: dict[int, list[relax.Call]] = {}
+        readers: dict[int, list[Optional[relax.Call]]] = {}  # variable -> the calls reading it (None: returned)
         for _, func in mod.functions_items():
             if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
                 continue
@@ -149,12 +149,12 @@ class _Separate(relax.PyExprMutator):
             resize = self.absorbed.get(call.args[0].__chandle__())
             if resize is not None:
                 return self._emit(resize, "NCHW")
-        # the call as the module has it; NHWC stays TVM's: its loads run along the channels, contiguous
-        rewrite = separable(call) and call.attrs.layout == "NCHW"
-        call = super().visit_call_(call)
-        return self._emit(call, call.attrs.layout) if rewrite else call
+        if separable(call) and call.attrs.layout == "NCHW":  # NHWC stays TVM's: its loads run along the channels
+            return self._emit(call, "NCHW")
+        return super().visit_call_(call)
 
     def _emit(self, resize: relax.Call, out_layout: str) -> relax.Expr:
+        """The two passes of ``resize`` (as the module has it, not yet visited), writing ``out_layout``."""
         self.count += 1
         data, layout = self.visit_expr(resize.args[0]), resize.attrs.layout
         mode = resize.attrs.coordinate_transformation_mode
