@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import relax
 
 from ansor.networks import Network, TensorSpec, apply_schedules, build, compare_outputs, extract
-from ansor.networks.padding_taps import bands, skip_padding_taps, useful_share
+from ansor.networks.padding_taps import MAX_USEFUL_SHARE_BF16, bands, skip_padding_taps, useful_share
 from ansor.networks.prepare import prepare
 
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -81,3 +81,6 @@ def test_convolutions_that_read_their_input_stay_whole():
         bb.emit_func_output(out)
     mod = bb.get()
     assert tvm_ffi.structural_equal(skip_padding_taps(mod)["main"], mod["main"])  # 57 % and 97 % useful
+    bf16 = skip_padding_taps(mod, MAX_USEFUL_SHARE_BF16)  # bf16's region kernels are half the bytes
+    assert not tvm_ffi.structural_equal(bf16["main"], mod["main"])
+    assert "R.concat" in str(bf16["main"]) and str(bf16["main"]).count("R.nn.conv2d") == 1 + 9  # 3x3 regions

@@ -10,7 +10,8 @@ columns over a slice of the input. The rectangles are concatenated back. The sum
 products with padding zeros are gone.
 
 Each rectangle's kernel is a constant of its own, so the weights grow with the number of rectangles; hence
-only convolutions that compute at most :data:`MAX_USEFUL_SHARE` useful products are split.
+only convolutions that compute at most :data:`MAX_USEFUL_SHARE` useful products are split (in bf16,
+:data:`MAX_USEFUL_SHARE_BF16`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from .conv_rewrite import ConvRewrite, plain_nhwc, rewrite_convs
 #: A convolution is split when at most this share of its products read the input, not padding: DeepLabV3's
 #: dilation-24/36 ASPP convolutions (0.27, 0.11) took 9.4 and 3.4 ms, 4.2 ms split (design.md, "Why").
 MAX_USEFUL_SHARE = 0.5
+#: The same in bf16, whose region kernels are half fp32's bytes: DeepLabV3's dilation-12 ASPP convolution (0.57
+#: useful), its tasks tuned alone 48 trials each (Zen 4), 12.3 ms whole and 7.25 split.
+MAX_USEFUL_SHARE_BF16 = 0.6
 
 
 @dataclass(frozen=True)
@@ -64,14 +68,19 @@ def useful_share(rows: list[Band], cols: list[Band], kernel: tuple[int, int]) ->
     return share(rows, kernel[0]) * share(cols, kernel[1])
 
 
-def skip_padding_taps(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with every eligible convolution that computes mostly padding (:data:`MAX_USEFUL_SHARE`)
-    split into rectangles that compute only in-bounds taps."""
-    return rewrite_convs(mod, _SkipPaddingTaps, "convolutions split into regions that skip the taps reading padding")
+def skip_padding_taps(mod: tvm.IRModule, max_useful_share: float = MAX_USEFUL_SHARE) -> tvm.IRModule:
+    """``mod`` with every eligible convolution of which at most ``max_useful_share`` of the products read the
+    input split into rectangles that compute only in-bounds taps."""
+    return rewrite_convs(mod, lambda m: _SkipPaddingTaps(m, max_useful_share),
+                         "convolutions split into regions that skip the taps reading padding")
 
 
 @relax.expr_functor.mutator
 class _SkipPaddingTaps(ConvRewrite):
+    def __init__(self, mod: tvm.IRModule, max_useful_share: float):
+        super().__init__(mod)
+        self.max_useful_share = max_useful_share
+
     def rewrite(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         if not plain_nhwc(call):
             return None
@@ -81,7 +90,7 @@ class _SkipPaddingTaps(ConvRewrite):
         dil_h, dil_w = (int(d) for d in call.attrs.dilation)
         rows = bands(h, weight.shape[0], dil_h, top, out_h)
         cols = bands(w, weight.shape[1], dil_w, left, out_w)
-        if useful_share(rows, cols, weight.shape[:2]) > MAX_USEFUL_SHARE:
+        if useful_share(rows, cols, weight.shape[:2]) > self.max_useful_share:
             return None
         strips = [self._joined([self._region(call, weight, r, c) for c in cols], axis=2) for r in rows]
         return self._joined(strips, axis=1)

@@ -52,7 +52,7 @@ from .channel_padding import pad_output_channels
 from .fast_math import use_fast_math
 from .network import Network, NetworkError
 from .conv_rewrite import bound_constant
-from .padding_taps import skip_padding_taps
+from .padding_taps import MAX_USEFUL_SHARE, MAX_USEFUL_SHARE_BF16, skip_padding_taps
 from .separable_resize import separable_resizes
 from .transpose_sinking import sink_transposes
 from .winograd import winograd_convs
@@ -90,7 +90,7 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
             mod = fold_constants(mod)
         mod = sink_transposes(mod)
         mod = separable_resizes(mod)
-        mod = skip_padding_taps(mod)
+        mod = skip_padding_taps(mod, MAX_USEFUL_SHARE_BF16 if precision is Precision.BF16 else MAX_USEFUL_SHARE)
         if vector_bytes and precision is not Precision.BF16:  # bf16 pads its products' channels itself
             mod = pad_output_channels(mod, vector_bytes)
         if precision is Precision.BF16:
