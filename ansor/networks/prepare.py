@@ -14,8 +14,9 @@ CPU search does best on NHWC convolutions, and the schedule may choose each cons
    their inverse: ConvNeXt permutes its activations to NCHW for its layer scale and residual add, and its
    next convolution, now NHWC, permuted them back (63 of ConvNeXt-T's 68 transposes go, and 8 of its 33
    tasks: the layer scale and residual add become the linear layer's epilogue).
-4. **Bilinear resizes run in two passes** (:mod:`.separable_resize`), along the rows, then down the columns
-   reading whole rows, not four gathers an output; one permuted to NCHW writes NCHW.
+4. **Bilinear resizes written NCHW run in two passes** (:mod:`.separable_resize`), along the rows, then down
+   the columns reading whole rows, not four gathers an output; an NHWC one whose only reader permutes it to
+   NCHW writes NCHW (other NHWC ones stay: their loads run along the channels).
 5. **Convolutions that mostly read padding are cut into regions** (:mod:`.padding_taps`) that compute only
    the kernel taps in bounds: DeepLabV3's dilation-36 ASPP convolution on a 33x33 map becomes a 1x1 one.
 6. **Output channels fill whole vectors** (:mod:`.channel_padding`, given the target's vector width): a

@@ -64,15 +64,11 @@ def separable(call: relax.Call) -> bool:
 
 
 def _at(layout: str, n, c, y, x) -> tuple:
-    """The index of (batch n, channel c, row y, column x) in ``layout``."""
+    """The index (or shape) of (batch n, channel c, row y, column x) in ``layout``."""
     index = [None] * 4
     for axis, value in zip(AXES[layout], (n, c, y, x)):
         index[axis] = value
     return tuple(index)
-
-
-def _shape(layout: str, n: int, c: int, h: int, w: int) -> tuple:
-    return _at(layout, n, c, h, w)
 
 
 def _coordinate(out: tvm.tirx.PrimExpr, in_len: int, out_len: int, mode: str) -> tuple:
@@ -101,7 +97,7 @@ def resize_width(data: te.Tensor, layout: str, out_layout: str, out_w: int, mode
         right = data[_at(layout, b, ch, y, _clamped(first + 1, w))]
         return _lerp(left, right, weight)
 
-    return te.compute(_shape(out_layout, n, c, h, out_w), pixel, name="resize_width")
+    return te.compute(_at(out_layout, n, c, h, out_w), pixel, name="resize_width")
 
 
 def resize_height(rows: te.Tensor, layout: str, out_h: int, mode: str) -> te.Tensor:
@@ -115,7 +111,7 @@ def resize_height(rows: te.Tensor, layout: str, out_h: int, mode: str) -> te.Ten
         bottom = rows[_at(layout, b, ch, _clamped(first + 1, h), x)]
         return _lerp(top, bottom, weight)
 
-    return te.compute(_shape(layout, n, c, out_h, w), pixel, name="resize_height")
+    return te.compute(_at(layout, n, c, out_h, w), pixel, name="resize_height")
 
 
 @relax.expr_functor.mutator
@@ -126,7 +122,7 @@ class _Separate(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
         self.count = 0
-        self.bound: dict[int, relax.Call] = {}  # variable -> the separable resize bound to it
+        bound: dict[int, relax.Call] = {}  # variable -> the separable resize bound to it
         readers: dict[int, list[Optional[relax.Call]]] = {}  # variable -> the calls reading it (None: returned)
         for _, func in mod.functions_items():
             if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
@@ -135,13 +131,13 @@ class _Separate(relax.PyExprMutator):
                 for binding in block.bindings:
                     value = getattr(binding, "value", None)
                     if isinstance(value, relax.Call) and separable(value):
-                        self.bound[binding.var.__chandle__()] = value
+                        bound[binding.var.__chandle__()] = value
                     for var in relax.analysis.free_vars(value) if value is not None else ():
                         readers.setdefault(var.__chandle__(), []).append(value)
             for var in relax.analysis.free_vars(func.body.body):
                 readers.setdefault(var.__chandle__(), []).append(None)
         #: NHWC resizes whose only reader permutes them to NCHW: each is done at that reader
-        self.absorbed = {k: call for k, call in self.bound.items() if call.attrs.layout == "NHWC"
+        self.absorbed = {k: call for k, call in bound.items() if call.attrs.layout == "NHWC"
                          and [_op_axes(r) for r in readers.get(k, [])] == [TO_NCHW]}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
