@@ -21,6 +21,7 @@ from ansor.sketch.search_space import generate_sketches, sample_initial_populati
 from ansor.sketch.evolution import EvolutionParams, evolutionary_search
 from ansor.sketch.gpu_annotation import GPU_UNROLL_STEPS, fits_gpu, thread_counts
 from ansor.sketch.gpu_rules import has_cross_thread_reduction
+from ansor.sketch import gpu_verify
 from ansor.sketch.gpu_verify import launch_dims, verify_gpu
 from ansor.sketch.policy import SketchPolicy
 
@@ -246,3 +247,71 @@ def test_final_report_of_a_cuda_program_without_a_local_gpu_is_a_note(capsys):
     out = capsys.readouterr().out
     assert "Lowered TIR" in out and "not re-timed: this machine has no CUDA device" in out
 
+
+
+def _threaded_reductions(state) -> list[int]:
+    """Extents of the reduction loops of ``state`` bound to ``threadIdx.x``."""
+    return [it.extent for st in state.stages for it in st.iters
+            if it.kind.name != "SPATIAL" and it.annotation == "threadIdx.x"]
+
+
+@pytest.mark.parametrize("name", ["matmul-relu-1x1000x2048", "softmax-4x1024"])
+def test_reductions_across_threads_become_tvm_allreduce(name):
+    """A reduction loop bound to threads must reach TVM's cross-thread reduction with its initialisation
+    in its block: decomposed, every thread added into one accumulator and all 12 such candidates of
+    ResNet-50's classifier (1 x 2048 x 1000) computed wrong outputs on an H200. With the consumer fused
+    (the classifier's bias, here relu) and without one (softmax)."""
+    task = cuda_task(name)
+    population = sample_initial_population(task, generate_sketches(task), 48, random.Random(3))
+    threaded = [s for s in population if any(e > 1 for e in _threaded_reductions(s))][:6]
+    assert threaded
+    for state in threaded:
+        assert verify_gpu(task, state) is None
+        mod = task.compute_dag.replay(state).mod
+        assert str(mod).count("tvm_thread_allreduce") == 0  # not yet: TVM's lowering makes it
+        with task.target:
+            lowered = gpu_verify._lowering()(mod)
+        assert str(lowered).count("tvm_thread_allreduce(") >= len(_threaded_reductions(state))
+
+
+def test_a_racing_reduction_across_threads_is_refused():
+    """The verifier checks sizes only; a reduction bound to threads but decomposed (no allreduce) races."""
+    task = cuda_task("matmul-relu-1x1000x2048")
+    population = sample_initial_population(task, generate_sketches(task), 48, random.Random(3))
+    state = next(s for s in population if any(e > 1 for e in _threaded_reductions(s)))
+    sch = task.compute_dag.replay(state)
+    block = sch.get_sblock("C")
+    sch.decompose_reduction(block, sch.get_loops(block)[-2])  # the loop outside the thread-bound one
+    with task.target:
+        lowered = gpu_verify._lowering()(sch.mod)
+    assert "would race" in gpu_verify._cross_thread_reduction_error(task, state, sch.mod, lowered)
+
+
+def _global_pool_steps(threads: int, unroll: int) -> list:
+    """ResNet-50's global average pool reduced across ``threads`` threads, as ansor's sketch writes it."""
+    from ansor.state.transform_steps import (
+        AnnotationStep, CacheWriteStep, ComputeAtStep, ComputeInlineStep, FollowSplitStep, FuseStep, SplitStep,
+    )
+    return [CacheWriteStep(0, "shared"), ComputeInlineStep(1), SplitStep(2, 3, 2048, (threads,), True),
+            AnnotationStep(2, 4, "threadIdx.x"), ComputeAtStep(0, 2, 3), FuseStep(0, (4, 5)),
+            FollowSplitStep(0, 4, 2, 1), AnnotationStep(0, 5, "threadIdx.x"), FuseStep(2, (0, 1, 2, 3)),
+            AnnotationStep(2, 0, "blockIdx.x"), PragmaStep(0, 0, f"auto_unroll_max_step${unroll}")]
+
+
+def test_a_reduction_across_threads_that_tvm_cannot_lower_is_refused():
+    """Unrolled, the pool's allreduce is duplicated and TVM's LowerThreadAllreduce fails: 6 of 48 candidates
+    failed to build on an H200 (COMPILE_DEVICE). The verifier passed them; the full lowering refuses exactly
+    those. The same program unrolled less builds."""
+    from tvm import te
+    x = te.placeholder((1, 7, 7, 2048), name="x")
+    r0, r1 = te.reduce_axis((0, 7), "r0"), te.reduce_axis((0, 7), "r1")
+    total = te.compute((1, 1, 1, 2048), lambda n, h, w, c: te.sum(x[n, h * 7 + r0, w * 7 + r1, c], axis=[r0, r1]),
+                       name="pool_sum")
+    avg = te.compute((1, 1, 1, 2048), lambda n, h, w, c: total[n, h, w, c] / 49.0, name="pool_avg")
+    task = SearchTask(te.create_prim_func([x, avg]), CUDA)
+    unrolled, rolled = (task.compute_dag.state_from_steps(_global_pool_steps(16, unroll)) for unroll in (512, 16))
+    assert "lowering the cross-thread reduction of pool_sum failed" in verify_gpu(task, unrolled)
+    with pytest.raises(Exception, match="load_remap_"):
+        tvm.compile(task.compute_dag.replay(unrolled).mod, target=task.target)
+    assert verify_gpu(task, rolled) is None
+    tvm.compile(task.compute_dag.replay(rolled).mod, target=task.target)

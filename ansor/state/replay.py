@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 def replay(dag: "ComputeDAG", steps: Sequence[Step], verify: bool = False) -> tvm.s_tir.Schedule:
     """Build the schedule ``steps`` describe. ``verify`` also checks every loop extent against the State.
 
-    Then each reduction's initialisation is hoisted out of its reduction loops (``decompose_reduction``):
+    Then each reduction's initialisation is hoisted out of its reduction loops (``decompose_reduction``;
+    not a reduction across GPU threads, :func:`_first_reduction_loops`):
     left inside, it is a ``k == 0`` branch in the innermost loop that blocks vectorization and costs a
     factor of two on matmul; and a vectorized loop whose length is not a power of two is vectorized in
     power-of-two pieces (:func:`_split_wide_vectors`). Neither is a step: they never change the loop
@@ -107,12 +108,19 @@ def _schedule_copy(sch: tvm.s_tir.Schedule, copy, index_map, innermost: int) -> 
 
 
 def _first_reduction_loops(rp: Replay) -> dict[int, object]:
-    """The outermost reduction loop of each stage that has one: where its initialisation goes."""
+    """The outermost reduction loop of each stage that has one: where its initialisation goes.
+
+    Not a reduction bound to GPU threads: TVM turns it into a cross-thread reduction only while its block
+    keeps its initialisation; decomposed, every thread adds into one accumulator (a race: on an H200 all
+    of ResNet-50's classifier candidates with more than one thread computed wrong outputs).
+    """
     out = {}
     for sid, stage in enumerate(rp.state.stages):
-        first_reduce = next((k for k, it in enumerate(stage.iters) if it.kind != IterKind.SPATIAL), None)
-        if stage.compute_at != AttachKind.INLINED and first_reduce is not None:
-            out[sid] = rp.loops(sid)[first_reduce]
+        reduce = [k for k, it in enumerate(stage.iters) if it.kind != IterKind.SPATIAL]
+        if stage.compute_at == AttachKind.INLINED or not reduce \
+                or any(stage.iters[k].annotation.startswith("threadIdx.") for k in reduce):
+            continue
+        out[sid] = rp.loops(sid)[reduce[0]]
     return out
 
 
