@@ -55,14 +55,15 @@ class Dense:
         return y
 
 
-def conv_network(x: tuple[int, ...], w: tuple[int, ...], strides: int, padding: int = 0) -> tvm.IRModule:
-    """A network that is one NHWC/HWIO convolution of its input ``x`` by the weight ``w``."""
+def conv_network(x: tuple[int, ...], w: tuple[int, ...], strides, padding=0) -> tvm.IRModule:
+    """A network that is one NHWC/HWIO (NDHWC/DHWIO for a 5-D ``x``) convolution of its input ``x`` by ``w``."""
     bb = relax.BlockBuilder()
     args = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (("x", x), ("w", w))]
+    conv, data, kernel = (relax.op.nn.conv3d, "NDHWC", "DHWIO") if len(x) == 5 else (relax.op.nn.conv2d, "NHWC",
+                                                                                        "HWIO")
     with bb.function("main", args):
         with bb.dataflow():
-            y = bb.emit_output(relax.op.nn.conv2d(*args, strides=strides, padding=padding, data_layout="NHWC",
-                                                  kernel_layout="HWIO"))
+            y = bb.emit_output(conv(*args, strides=strides, padding=padding, data_layout=data, kernel_layout=kernel))
         bb.emit_func_output(y)
     return bb.get()
 
@@ -648,3 +649,39 @@ def test_groups_that_tile_16_channels_are_dot_products_of_block_diagonal_weights
         if "group_conv_bf16" not in str(t.task.compute_dag):
             asm = codegen.compile(program.schedule(t.task, default_state(t.task)), t.task.target).mod
             assert "vdpbf16ps" in asm.inspect_source("asm"), t.name
+
+
+# A video network's stem: 3 input channels (read as 4), 3x7x7 taps, strides 1x2x2, padding 1x3x3 (R(2+1)D's
+# and ResNet3D-18's), and one of its 3x3x3 convolutions of stride 2.
+CONV3D = {"stem": ((1, 4, 12, 12, 3), (3, 7, 7, 3, 16), (1, 2, 2), (1, 3, 3)),
+          "strided": ((1, 4, 6, 6, 16), (3, 3, 3, 16, 32), (2, 2, 2), (1, 1, 1))}
+
+
+def conv3d_reference(x: np.ndarray, w: np.ndarray, strides, padding) -> np.ndarray:
+    """NDHWC/DHWIO convolution in float64, a sum over the taps of strided slices times the tap's weight."""
+    xp = np.pad(x.astype(np.float64), ((0, 0), *((p, p) for p in padding), (0, 0)))
+    out = [(xp.shape[1 + i] - k) // s + 1 for i, (k, s) in enumerate(zip(w.shape[:3], strides))]
+    return sum(xp[:, d:d + strides[0] * out[0]:strides[0], y:y + strides[1] * out[1]:strides[1],
+                  z:z + strides[2] * out[2]:strides[2], :] @ w[d, y, z].astype(np.float64)
+               for d, y, z in np.ndindex(*w.shape[:3]))
+
+
+@pytest.mark.parametrize("case", CONV3D)
+def test_a_3d_convolution_computes_bf16_inputs_with_fp32_sums(case):
+    """ResNet3D-18's convolutions take the bf16 dot product as 2-D ones do: a depth tap more in the product
+    and in its packed weight."""
+    x_shape, w_shape, strides, padding = CONV3D[case]
+    mod = conv_network(x_shape, w_shape, strides, padding)
+    params = params_of(mod)
+    ex, exe = default_build(mod, params, PORTABLE)
+    assert [t.name for t in ex.tasks if "bfloat_conv3d" in t.name], [t.name for t in ex.tasks]
+    x = np.random.default_rng(5).uniform(-1, 1, x_shape).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    want = conv3d_reference(bf16(x), bf16(params["w"]), strides, padding)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= np.prod(w_shape[:4]) * 2.0 ** -23 * np.abs(want).max()
+    assert np.abs(got - conv3d_reference(x, params["w"], strides, padding)).max() > 1e-4  # bf16's inputs
+    [task] = [t.task for t in extract(as_network(mod, params), AVX512_BF16, precision=BF16).tasks
+              if "bfloat_conv3d" in t.name]
+    asm = codegen.compile(program.schedule(task, default_state(task)), task.target).mod.inspect_source("asm")
+    assert "vdpbf16ps" in asm

@@ -1,8 +1,8 @@
 """A network's products in bf16, as OpenVINO and oneDNN mean it: each convolution's and dense layer's inputs
 rounded to bf16, every product and sum in fp32, everything else (epilogues, norms, softmax) fp32.
 
-Each eligible ``conv2d`` (NHWC/HWIO, no groups) and ``matmul`` by a constant ``[K, N]`` weight becomes one
-PrimFunc of two stages, the form :class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles around the CPU's
+Each eligible ``conv2d`` (NHWC/HWIO, no groups), ``conv3d`` (NDHWC/DHWIO, no groups: a depth tap more, the
+dot product only) and ``matmul`` by a constant ``[K, N]`` weight becomes one PrimFunc of two stages, the form :class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles around the CPU's
 bf16 dot product:
 
 1. ``A16``: the activation rounded to bf16 bits (``uint16``) at the kernel's load, its padding included (an
@@ -54,7 +54,7 @@ from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_bits_where, bf16_matmul, b
 from .bf16_storage import Product, store_bits
 from .calls import called_prim_func, mutate_relax_functions
 from .channel_padding import padded_channels
-from .conv_rewrite import bound_constant, grouped_nhwc, ungrouped_nhwc
+from .conv_rewrite import bound_constant, grouped_nhwc, ungrouped_ndhwc, ungrouped_nhwc
 
 logger = logging.getLogger("ansor")
 
@@ -203,13 +203,13 @@ class _BF16Products(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         op = getattr(call.op, "name", "")
-        if op not in ("relax.nn.conv2d", "relax.matmul"):
+        if op not in ("relax.nn.conv2d", "relax.nn.conv3d", "relax.matmul"):
             return call
         weight = bound_constant(self, call.args[1])
         if weight is None:
             new = self._batched(call) if op == "relax.matmul" else None
         else:
-            new = self._conv(call, weight) if op == "relax.nn.conv2d" else self._dense(call, weight)
+            new = self._dense(call, weight) if op == "relax.matmul" else self._conv(call, weight)
         self.kept += new is None
         return call if new is None else new
 
@@ -230,18 +230,22 @@ class _BF16Products(relax.PyExprMutator):
             rounded = relax.const(bf16_bits_to_f32(round_to_bf16(weight)))
             return self._product(_grouped_conv_product, call.args[0], rounded, int(a.groups), strides, padding,
                                  dilation, name="bfloat_group_conv2d")
-        if not ungrouped_nhwc(call):
+        if not (ungrouped_nhwc(call) or ungrouped_ndhwc(call)):
             return None
         channels = weight.shape[-1]
         weight = whole_lanes(even_channels(weight))
         if not packable(weight):
             return None
         self.convs += 1
+        taps = weight.shape[:-2]
+        if len(taps) == 3:  # a 3-D convolution: the dot product (no AMX phases)
+            return self._product(_conv_product, call.args[0], _packed(weight), taps, strides, padding, dilation,
+                                 channels, name="bfloat_conv3d")
         width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
-        if self.amx and phased(weight.shape[:2], strides, dilation, width):
+        if self.amx and phased(taps, strides, dilation, width):
             return self._product(_phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
-                                 weight.shape[:2], strides, padding, channels, name="bfloat_conv2d")
-        return self._product(_conv_product, call.args[0], _packed(weight), weight.shape[:2], strides, padding,
+                                 taps, strides, padding, channels, name="bfloat_conv2d")
+        return self._product(_conv_product, call.args[0], _packed(weight), taps, strides, padding,
                              dilation, channels, name="bfloat_conv2d")
 
     def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
@@ -272,32 +276,43 @@ class _BF16Products(relax.PyExprMutator):
                                      primfunc_name_hint="bfloat_matmul", primfunc_attrs=_OUT_FUSABLE)
 
 
-def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
+def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, ...], strides: list[int],
                   padding: list[int], dilation: list[int], channels: int, block: int = 0) -> te.Tensor:
-    """NHWC output of the convolution of ``data`` (rounded, padded: ``A16``) by the packed weight, its first
-    ``channels`` (the rest are :func:`whole_lanes`' zero channels); ``block``, a grouped one's: every ``block``
-    output channels read the next ``K`` input channels (:func:`block_diagonal`), where without it all read all."""
+    """Channels-last output (NHWC, or NDHWC for a 3-D convolution) of the convolution of ``data`` (rounded,
+    padded: ``A16``) by the packed weight, its first ``channels`` (the rest are :func:`whole_lanes`' zero
+    channels); ``block``, a grouped one's: every ``block`` output channels read the next ``K`` input channels
+    (:func:`block_diagonal`), where without it all read all."""
     n = int(data.shape[0])
     ci = k = int(packed.shape[-3]) * BF16_PAIR
-    kh, kw = taps
     if block:
         ci = int(packed.shape[0]) * BF16_LANES // block * k
-    elif (kh, kw) == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
+    elif len(taps) == 2 and taps == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
         return _cut(_subsampled_product(data, packed, strides), channels)
     a16 = _padded_a16(data, ci, padding)
-    out_h, out_w = _out_size(a16, taps, strides, dilation)
-    ry = te.reduce_axis((0, kh), name="ry") if kh > 1 else 0
-    rx = te.reduce_axis((0, kw), name="rx") if kw > 1 else 0
+    names = ("rz", "ry", "rx")[-len(taps):]
+    rtaps = [te.reduce_axis((0, t), name=name) if t > 1 else 0 for t, name in zip(taps, names)]
     rc = te.reduce_axis((0, k), name="rc")
-    axes = [r for r in (ry, rx) if not isinstance(r, int)] + [rc]
+    axes = [r for r in rtaps if not isinstance(r, int)] + [rc]
 
     def channel(o):
         return o // block * k + rc if block else rc
 
-    return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
-        bf16_to_f32(a16[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], channel(o)])
-        * bf16_to_f32(packed[o // BF16_LANES, ry, rx, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=axes), name="conv_bf16"), channels)
+    def product(b, *index):
+        *out, o = index
+        pixel = [p * s + r * d for p, s, r, d in zip(out, strides, rtaps, dilation)]
+        return te.sum(bf16_to_f32(a16[(b, *pixel, channel(o))]) * bf16_to_f32(
+            packed[(o // BF16_LANES, *rtaps, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR)]), axis=axes)
+
+    shape = (n, *_out_size(a16, taps, strides, dilation), packed.shape[0] * BF16_LANES)
+    return _cut(te.compute(shape, _channels_last(product, len(taps)), name="conv_bf16"), channels)
+
+
+def _channels_last(f: Callable, dims: int) -> Callable:
+    """``f(b, *pixel, c)`` with its parameters named (TE names a computation's loops after them, ``i0, i1, ...``
+    for ``*args``): ``b, y, x, c``, or ``b, z, y, x, c`` for a 3-D convolution."""
+    if dims == 2:
+        return lambda b, y, x, c: f(b, y, x, c)
+    return lambda b, z, y, x, c: f(b, z, y, x, c)
 
 
 def _cut(product: te.Tensor, channels: int) -> te.Tensor:
@@ -306,18 +321,21 @@ def _cut(product: te.Tensor, channels: int) -> te.Tensor:
 
 
 def _padded_bits(data: te.Tensor, channels: int, padding: list[int]) -> tuple[tuple[int, ...], Callable]:
-    """The shape and the element of ``data`` rounded to bf16 bits and zero-padded (``padding``: top, left,
-    bottom, right; ``channels``: with the zero channel of :func:`even_channels`)."""
-    n, h, w, _ = (int(d) for d in data.shape)
-    top, left, bottom, right = padding
+    """The shape and the element of ``data`` (channels last, 2-D or 3-D) rounded to bf16 bits and zero-padded
+    (``padding``: the front of each spatial axis, then the back: top, left, bottom, right; ``channels``: with
+    the zero channel of :func:`even_channels`)."""
+    n, *space, _ = (int(d) for d in data.shape)
+    before, after = padding[:len(space)], padding[len(space):]
 
-    def rounded(b, y, x, c):
+    def rounded(b, *index):
+        *pixel, c = index
         if not any(padding):
-            return _channel_bits(data, channels, [], b, y, x, c)
-        return _channel_bits(data, channels, [y >= top, y < h + top, x >= left, x < w + left], b, y - top,
-                             x - left, c)
+            return _channel_bits(data, channels, [], b, *pixel, c)
+        inside = [cond for p, lo, size in zip(pixel, before, space) for cond in (p >= lo, p < size + lo)]
+        return _channel_bits(data, channels, inside, b, *(p - lo for p, lo in zip(pixel, before)), c)
 
-    return (n, h + top + bottom, w + left + right, channels), rounded
+    shape = (n, *(size + lo + hi for size, lo, hi in zip(space, before, after)), channels)
+    return shape, _channels_last(rounded, len(space))
 
 
 def _padded_a16(data: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
@@ -328,9 +346,10 @@ def _padded_a16(data: te.Tensor, channels: int, padding: list[int]) -> te.Tensor
     return te.compute(*_padded_bits(data, channels, padding), name="A16")
 
 
-def _out_size(a16: te.Tensor, taps: tuple[int, int], strides: list[int], dilation: list[int]) -> tuple[int, int]:
-    """The output rows and columns of a convolution over the padded ``a16``."""
-    return tuple((int(a16.shape[1 + i]) - dilation[i] * (taps[i] - 1) - 1) // strides[i] + 1 for i in range(2))
+def _out_size(a16: te.Tensor, taps: tuple[int, ...], strides: list[int], dilation: list[int]) -> tuple[int, ...]:
+    """The output size along each spatial axis of a convolution over the padded ``a16``."""
+    return tuple((int(a16.shape[1 + i]) - dilation[i] * (taps[i] - 1) - 1) // strides[i] + 1
+                 for i in range(len(taps)))
 
 
 def _grouped_conv_product(data: te.Tensor, weight: te.Tensor, groups: int, strides: list[int],
