@@ -424,3 +424,20 @@ def test_the_default_schedule_of_an_amx_target_runs_its_products_on_tiles(emulat
     got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
     assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * np.abs(want).max()
     assert ran.products == 14 * 2 * 9 and ran.stores < ran.products and ran.loads - ran.stores < 2 * ran.products
+
+
+def test_a_3d_convolution_runs_on_tiles_of_its_rows(emulator):
+    """A stride-1 3x3x3 convolution (ResNet3D-18's) takes AMX tiles along its 16-pixel rows; its programs,
+    on emulated tiles, compute what its unscheduled program computes on this CPU."""
+    conv = conv_network((1, 4, 16, 16, 32), (3, 3, 3, 32, 32), strides=(1, 1, 1), padding=(1, 1, 1))
+    params = {"w": np.random.default_rng(1).uniform(-0.5, 0.5, (3, 3, 3, 32, 32)).astype("float32")}
+    [task] = [t.task for t in extract(as_network(conv, params), AMX, precision=Precision.BF16).tasks]
+    tile = TENSORIZE + BF16Intrin.AMX_TILE_16x16x32.value
+    sketches = [s for s in generate_sketches(task) if any(it.annotation == tile for st in s.stages for it in st.iters)]
+    arrays = program.random_inputs(task)
+    want = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
+                               arrays)[-1]
+    for mod in lowered_kernels(task, sample_initial_population(task, sketches, 2, random.Random(1))):
+        got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
+        assert np.abs(got - want).max() <= 864 * 2.0 ** -23 * np.abs(want).max()  # the fp32 sums' order
+        assert ran.products == 4 * 16 * 2 * 27  # rows of 16 pixels x 2 channel groups x 27 taps
