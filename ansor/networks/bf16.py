@@ -1,9 +1,9 @@
 """A network's products in bf16, as OpenVINO and oneDNN mean it: each convolution's and dense layer's inputs
 rounded to bf16, every product and sum in fp32, everything else (epilogues, norms, softmax) fp32.
 
-Each eligible ``conv2d`` (NHWC/HWIO, no groups), ``conv3d`` (NDHWC/DHWIO, no groups: a depth tap more, the
-dot product only) and ``matmul`` by a constant ``[K, N]`` weight becomes one PrimFunc of two stages, the form :class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles around the CPU's
-bf16 dot product:
+Each eligible ``conv2d`` (NHWC/HWIO, no groups), ``conv3d`` (NDHWC/DHWIO, no groups: a depth tap more, no AMX
+phases) and ``matmul`` by a constant ``[K, N]`` weight becomes one PrimFunc of two stages, the form
+:class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles around the CPU's bf16 dot product:
 
 1. ``A16``: the activation rounded to bf16 bits (``uint16``) at the kernel's load, its padding included (an
    activation only such products read is stored as bf16 bits by its producer instead, :mod:`.bf16_storage`,
@@ -238,7 +238,7 @@ class _BF16Products(relax.PyExprMutator):
             return None
         self.convs += 1
         taps = weight.shape[:-2]
-        if len(taps) == 3:  # a 3-D convolution: the dot product (no AMX phases)
+        if len(taps) == 3:  # a 3-D convolution: no AMX phases
             return self._product(_conv_product, call.args[0], _packed(weight), taps, strides, padding, dilation,
                                  channels, name="bfloat_conv3d")
         width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
@@ -286,7 +286,7 @@ def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, ...], str
     ci = k = int(packed.shape[-3]) * BF16_PAIR
     if block:
         ci = int(packed.shape[0]) * BF16_LANES // block * k
-    elif len(taps) == 2 and taps == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
+    elif tuple(taps) == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
         return _cut(_subsampled_product(data, packed, strides), channels)
     a16 = _padded_a16(data, ci, padding)
     names = ("rz", "ry", "rx")[-len(taps):]
