@@ -25,7 +25,7 @@ def bound_constant(mutator: relax.PyExprMutator, expr: relax.Expr) -> Optional[n
     return value.numpy() if isinstance(value, tvm.runtime.Tensor) else None
 
 
-def _static_nhwc(call: relax.Call, data: str = "NHWC", kernel: str = "HWIO") -> bool:
+def _static_layout(call: relax.Call, data: str = "NHWC", kernel: str = "HWIO") -> bool:
     a = call.attrs
     return (str(a.data_layout) == data and str(a.kernel_layout) == kernel and str(a.out_layout) in (data, "")
             and all(isinstance(d, tvm.tirx.IntImm) for d in call.args[0].ty.shape))
@@ -33,17 +33,17 @@ def _static_nhwc(call: relax.Call, data: str = "NHWC", kernel: str = "HWIO") -> 
 
 def ungrouped_nhwc(call: relax.Call) -> bool:
     """An NHWC/HWIO convolution with no groups and a static input shape."""
-    return _static_nhwc(call) and int(call.attrs.groups) == 1
+    return _static_layout(call) and int(call.attrs.groups) == 1
 
 
 def ungrouped_ndhwc(call: relax.Call) -> bool:
     """A 3-D NDHWC/DHWIO convolution with no groups and a static input shape."""
-    return _static_nhwc(call, "NDHWC", "DHWIO") and int(call.attrs.groups) == 1
+    return _static_layout(call, "NDHWC", "DHWIO") and int(call.attrs.groups) == 1
 
 
 def grouped_nhwc(call: relax.Call) -> bool:
     """An NHWC/HWIO convolution of several groups (depthwise: one channel each) and a static input shape."""
-    return _static_nhwc(call) and int(call.attrs.groups) > 1
+    return _static_layout(call) and int(call.attrs.groups) > 1
 
 
 def plain_nhwc(call: relax.Call) -> bool:

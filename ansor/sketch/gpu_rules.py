@@ -46,10 +46,7 @@ THREAD_LEVEL = 3
 
 def has_cross_thread_reduction(state: State, stage_id: int) -> bool:
     """True if the stage, or a stage computed at its loops, binds a reduction loop to ``threadIdx.x``."""
-    for sid in (stage_id, *state.attached_to(stage_id)):
-        if any(it.kind == IterKind.REDUCE and it.annotation == "threadIdx.x" for it in state.stages[sid].iters):
-            return True
-    return False
+    return any(state.stages[sid].reduces_across_threads for sid in (stage_id, *state.attached_to(stage_id)))
 
 
 def common_outer_loops(state: State, stage_id: int, target_id: int) -> int:

@@ -20,8 +20,7 @@ from typing import Optional
 import tvm
 from tvm import s_tir, tirx
 
-from ..errors import StepError
-from ..state.access import IterKind
+from ..errors import StepError, short_message
 from ..state.loop_nest import AttachKind, Iterator
 from ..state.loop_state import State
 from ..task.search_task import SearchTask
@@ -113,7 +112,7 @@ def verify_gpu(task: SearchTask, state: State) -> Optional[str]:
         with task.target:
             lowered = _lowering()(mod)
     except Exception as err:  # TVM reports lowering failures as several error types
-        return f"lowering failed: {_last_line(err)}"
+        return f"lowering failed: {short_message(err, None, pick='last')}"
     constraints = gpu_constraints(task)
     for gvar, func in lowered.functions.items():
         if isinstance(func, tirx.PrimFunc) and not s_tir.analysis.verify_gpu_code(func, constraints):
@@ -130,8 +129,7 @@ def _cross_thread_reduction_error(task: SearchTask, state: State, mod: tvm.IRMod
     and ``LowerThreadAllreduce`` fails (6 of 48 candidates of ResNet-50's global pooling on an H200; the
     full lowering, 3-8 ms, refused exactly those). The verifier checks neither.
     """
-    stages = [stage.name for stage in state.stages
-              if any(it.kind != IterKind.SPATIAL and it.annotation.startswith("threadIdx.") for it in stage.iters)]
+    stages = [stage.name for stage in state.stages if stage.reduces_across_threads]
     if not stages:
         return None
     text = "".join(func.script() for func in lowered.functions.values() if isinstance(func, tirx.PrimFunc))
@@ -143,12 +141,9 @@ def _cross_thread_reduction_error(task: SearchTask, state: State, mod: tvm.IRMod
         with target:
             tirx.get_default_tir_pipeline(target)[0](tirx.transform.BindTarget(target)(mod))
     except Exception as err:  # TVM reports lowering failures as several error types
-        return f"lowering the cross-thread reduction of {', '.join(stages)} failed: {_last_line(err)}"
+        why = short_message(err, None, pick="last")
+        return f"lowering the cross-thread reduction of {', '.join(stages)} failed: {why}"
     return None
-
-
-def _last_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
 
 
 def launch_dims(state: State) -> list[dict]:

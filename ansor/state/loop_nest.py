@@ -48,6 +48,11 @@ class Stage:
     origin: int = -1  # the ComputeDAG stage this block comes from; -1 for stages a step added
     packed: tuple[str, ...] = ()  # arguments read through a copy in this stage's loop order (LR steps)
 
+    @property
+    def reduces_across_threads(self) -> bool:
+        """Whether a loop of the stage's reduction is bound to GPU threads (a cross-thread reduction)."""
+        return any(it.kind != IterKind.SPATIAL and it.annotation.startswith("threadIdx.") for it in self.iters)
+
 
 def fused_kind(kinds: Iterable[IterKind]) -> IterKind:
     """The kind of a loop walking iterators of these kinds: theirs if they agree, else MIXED."""

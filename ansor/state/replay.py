@@ -116,11 +116,9 @@ def _first_reduction_loops(rp: Replay) -> dict[int, object]:
     """
     out = {}
     for sid, stage in enumerate(rp.state.stages):
-        reduce = [k for k, it in enumerate(stage.iters) if it.kind != IterKind.SPATIAL]
-        if stage.compute_at == AttachKind.INLINED or not reduce \
-                or any(stage.iters[k].annotation.startswith("threadIdx.") for k in reduce):
-            continue
-        out[sid] = rp.loops(sid)[reduce[0]]
+        first_reduce = next((k for k, it in enumerate(stage.iters) if it.kind != IterKind.SPATIAL), None)
+        if stage.compute_at != AttachKind.INLINED and first_reduce is not None and not stage.reduces_across_threads:
+            out[sid] = rp.loops(sid)[first_reduce]
     return out
 
 
