@@ -12,7 +12,7 @@
 set -uo pipefail
 OUT=${OUT:?set OUT to a results folder}
 MINUTES=${MINUTES:-5}
-ARCH=${ARCH:-sm_90}
+ARCH=${ARCH:-}  # e.g. sm_90; empty: the arch of the GPU ansor finds
 WORK=${WORK:-/tmp/ansor-gpu}
 start=$(date +%s)
 rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
@@ -29,7 +29,7 @@ except Exception:
 print(len(r), sum(1 for x in r if x.result.ok))" "$1" 2>/dev/null || echo "0 0"
 }
 
-timeout $((MINUTES * 60 + 150)) python3 -m ansor tune --network resnet-50 --target "cuda -arch=$ARCH" \
+timeout $((MINUTES * 60 + 150)) python3 -m ansor tune --network resnet-50 --target "cuda${ARCH:+ -arch=$ARCH}" \
   --minutes "$MINUTES" --n-trials 100000 --repeat 3 --no-eval --log-file "$log" > "$OUT/tune.log" 2>&1 &
 tuner=$!
 for _ in $(seq 12); do  # the first two minutes
