@@ -552,6 +552,65 @@ def test_a_depthwise_convolution_rounds_its_inputs_and_the_bits_around_it_are_st
     assert np.abs(got - (d @ params["w2"][0, 0] + x)).max() > 1e-4  # d was rounded
 
 
+def inception_block() -> tvm.IRModule:
+    """GoogLeNet's pattern: a stem convolution and ReLU, a max pooling, two branches (a 1x1 convolution and a
+    3x3 one) concatenated, then a max pooling branch beside a 1x1 convolution, the two concatenated again as
+    the output."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (
+        ("x", (1, 12, 12, 4)), ("w0", (3, 3, 4, 16)), ("w1", (1, 1, 16, 16)), ("w3", (3, 3, 16, 16)),
+        ("w4", (1, 1, 32, 16)))]
+    nhwc, op = {"data_layout": "NHWC", "kernel_layout": "HWIO"}, relax.op
+    pool = {"pool_size": (3, 3), "strides": (2, 2), "padding": (1, 1), "layout": "NHWC"}
+    with bb.function("main", args):
+        with bb.dataflow():
+            stem = bb.emit(op.nn.relu(op.nn.conv2d(args[0], args[1], padding=1, **nhwc)))
+            p = bb.emit(op.nn.max_pool2d(stem, ceil_mode=True, **pool))
+            a = bb.emit(op.nn.relu(op.nn.conv2d(p, args[2], **nhwc)))
+            b = bb.emit(op.nn.relu(op.nn.conv2d(p, args[3], padding=1, **nhwc)))
+            cat = bb.emit(op.concat([a, b], axis=3))
+            q = bb.emit(op.nn.max_pool2d(cat, pool_size=(3, 3), strides=(1, 1), padding=(1, 1), layout="NHWC"))
+            out = bb.emit_output(op.concat([op.nn.relu(op.nn.conv2d(cat, args[4], **nhwc)), q], axis=3))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_concatenations_and_max_poolings_between_bf16_products_run_on_the_bits():
+    """The stem's output, which a max pooling reads, and the branches' outputs, which a concatenation reads,
+    are stored as bits; the pooling and the concatenation run on them, and every product reads the bits it
+    rounded at its load before: the output is the fp32 computation with each product's inputs rounded. The
+    last pooling's output is the network's, so it and the concatenation it reads stay fp32."""
+    mod = inception_block()
+    params = params_of(mod)
+    ex, exe = default_build(mod, params, PORTABLE)
+    dtypes = {t.name.split(" ")[0]: [d for _, d in program.arg_specs(t.task)] for t in ex.tasks}
+    assert dtypes["max_pool2d_bits"] == [BF16_BITS, BF16_BITS], dtypes
+    assert dtypes["fused_bfloat_conv2d_relu_bf_bits"][-1] == BF16_BITS  # the stem (and the branches) store bits
+    pools = sorted(name for name in dtypes if "pool" in name)
+    assert pools == ["max_pool2d", "max_pool2d_bits"], pools  # the last one reads the fp32 concatenation
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 12, 12, 4)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+
+    def conv(v, w, pad):
+        v = np.pad(v, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+        k, n = w.shape[0], v.shape[1] - w.shape[0] + 1
+        return sum(v[:, i:i + n, j:j + n, :] @ bf16(w[i, j]) for i in range(k) for j in range(k))
+
+    def max_pool(v, stride, out):
+        v = np.pad(v, ((0, 0), (1, 2), (1, 2), (0, 0)), constant_values=-np.inf)
+        return np.max([v[:, i:i + stride * out:stride, j:j + stride * out:stride, :]
+                       for i in range(3) for j in range(3)], axis=0)
+
+    stem = np.maximum(conv(bf16(x), params["w0"], 1), 0)
+    p = max_pool(bf16(stem), 2, 7)  # ceil_mode: 7 rows, the last window past the padding
+    cat = np.concatenate([np.maximum(conv(p, params["w1"], 0), 0), np.maximum(conv(p, params["w3"], 1), 0)], 3)
+    want = np.concatenate([np.maximum(conv(bf16(cat), params["w4"], 0), 0), max_pool(cat, 1, 7)], 3)
+    assert got.shape == want.shape == (1, 7, 7, 48)
+    # Sums in another order may round a branch's element to its bf16 neighbour, which the last layer carries
+    off = np.abs(got - want) > 64 * 2.0 ** -23 * np.abs(want).max()
+    assert off.mean() < 0.02 and np.abs(got - want).max() <= 2.0 ** -8 * np.abs(want).max()
+
+
 def narrow_layers() -> tvm.IRModule:
     """A 3x3 convolution of 24 output channels, then a dense layer of 40: neither fills whole 16-lane products."""
     bb = relax.BlockBuilder()

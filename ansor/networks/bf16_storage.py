@@ -13,6 +13,13 @@ The rounding (:func:`~ansor.task.te_ops.to_bf16_bits`) is an element-wise operat
 epilogue. It is added only where the activation comes from a bf16 product through element-wise operators
 whose results nothing else reads (:data:`~.calls.ELEMENTWISE`: bias, ReLU, GELU in its erf or tanh form, a
 residual add), the chains ``FuseOps`` fuses: elsewhere it would be a pass over the activation of its own.
+
+Two operators make bf16 values of bf16 values, exactly, and so run on the bits between products
+(:data:`ON_BITS`): a concatenation copies them, and a max pooling picks one of each window's (rounding is
+monotone, so the max of the rounded values is the rounded max). GoogLeNet's and SqueezeNet's concatenated
+branches, which convolutions and a max pooling read, and a stem's output, which a max pooling reads before
+the first convolutions, are stored as bits so: the branches' products round their outputs, the
+concatenation copies half the bytes, the pooling decodes its window's bits and stores its max as bits.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from typing import Callable, Mapping
 import tvm
 from tvm import relax, te
 
+from tvm import topi
+
+from ..state.tensor_intrin import bf16_to_f32
 from ..task.te_ops import to_bf16_bits
 from .calls import ELEMENTWISE, called_prim_func, mutate_relax_functions
 
@@ -31,6 +41,9 @@ from .calls import ELEMENTWISE, called_prim_func, mutate_relax_functions
 MAX_CHAIN = 32
 #: TVM's op pattern kElemWise: the rounding fuses after any epilogue.
 _ELEMWISE = {"op_pattern": 0}
+_CONCAT, _MAX_POOL = "relax.concat", "relax.nn.max_pool2d"
+#: Operators whose output holds bf16 values when their input does (the module notes): they run on the bits.
+ON_BITS = frozenset({_CONCAT, _MAX_POOL})
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,19 @@ def _vars_in(expr: relax.Expr) -> list[relax.Var]:
     return []
 
 
+def _on_bits_inputs(value: relax.Expr) -> list[relax.Var] | None:
+    """The tensors an :data:`ON_BITS` call of float32 tensors reads, or None for any other expression."""
+    if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") in ON_BITS):
+        return None
+    data = value.args[0]
+    inputs = list(data.fields) if isinstance(data, relax.Tuple) else [data]
+    if not all(isinstance(v, relax.Var) and getattr(v.ty, "dtype", "") == "float32" for v in inputs):
+        return None
+    if getattr(value.op, "name", "") == _MAX_POOL and value.attrs.out_layout != value.attrs.layout:
+        return None
+    return inputs
+
+
 class _Reads:
     """One Relax function's bindings and who reads each variable."""
 
@@ -72,6 +98,7 @@ class _Reads:
         self.bound: dict[relax.Var, relax.Expr] = {}
         self.uses: Counter = Counter()
         self.product_reads: Counter = Counter()
+        self.readers: dict[relax.Var, list[relax.Var]] = {}  # the variables bound to what reads each one
         self.products = products
         body = func.body
         for block in body.blocks:
@@ -80,7 +107,10 @@ class _Reads:
                 if value is None:
                     continue
                 self.bound[binding.var] = value
-                self.uses.update(_vars_in(value))
+                read = _vars_in(value)
+                self.uses.update(read)
+                for v in read:
+                    self.readers.setdefault(v, []).append(binding.var)
                 if self.is_product(value):
                     self.product_reads[value.args[1].fields[0]] += 1
         self.uses.update(_vars_in(body.body))
@@ -89,9 +119,23 @@ class _Reads:
         return isinstance(value, relax.Call) and called_prim_func(value) in self.products
 
     def stored(self) -> set[relax.Var]:
-        """The activations to store as bits: products read them and nothing else does, and they come from a
-        product through element-wise operators whose results nothing else reads."""
-        return {v for v, n in self.product_reads.items() if self.uses[v] == n and self._fused_chain(v)}
+        """The activations to store as bits: products and :data:`ON_BITS` operators stored as bits read them and
+        nothing else does, and they come from a product through element-wise operators whose results nothing
+        else reads, or from such an operator whose every input is stored as bits."""
+        stored = {v for v in self.bound if _on_bits_inputs(self.bound[v]) is not None
+                  or (self.uses[v] and self.readers.get(v) and self._fused_chain(v))}
+        changed = True
+        while changed:  # drop what reads or is read by anything not stored, until nothing more is dropped
+            changed = False
+            for v in list(stored):
+                inputs = _on_bits_inputs(self.bound[v])
+                on_bits = sum(_vars_in(self.bound[r]).count(v) for r in set(self.readers.get(v, ()))
+                              if r in stored and _on_bits_inputs(self.bound[r]) is not None)
+                if self.uses[v] != self.product_reads[v] + on_bits or (
+                        inputs is not None and not all(u in stored for u in inputs)):
+                    stored.discard(v)
+                    changed = True
+        return stored
 
     def _fused_chain(self, var: relax.Var) -> bool:
         chain, todo, product = {var}, [var], False
@@ -112,6 +156,15 @@ class _Reads:
         return product and all(reads[u] == self.uses[u] for u in chain if u is not var)
 
 
+def max_pool_bits(bits: te.Tensor, pool_size, strides, dilation, padding, ceil_mode: bool, layout: str) -> te.Tensor:
+    """A max pooling of bf16 bits into bf16 bits: each element decoded at its load, the window's max (one of
+    its bf16 values, or the padding's -inf) stored as bits again, unchanged by the rounding."""
+    values = te.compute(bits.shape, lambda *i: bf16_to_f32(bits(*i)), name="bf16_values")
+    pooled = topi.nn.pool2d(values, kernel=pool_size, stride=strides, dilation=dilation, padding=padding,
+                            pool_type="max", ceil_mode=ceil_mode, layout=layout)
+    return to_bf16_bits(pooled)
+
+
 @relax.expr_functor.mutator
 class _StoreBits(relax.PyExprMutator):
     """Rounds each stored activation once, before its first reader, and remakes its readers for the bits."""
@@ -126,15 +179,36 @@ class _StoreBits(relax.PyExprMutator):
         self.stored |= _Reads(func, self.products).stored()
         return super().visit_function_(func)
 
+    def _bits_of(self, var: relax.Var) -> relax.Var:
+        """The bits of stored ``var`` (an original variable), rounded where first needed."""
+        if var not in self._bits:
+            self._bits[var] = self.builder_.emit(self.builder_.call_te(
+                to_bf16_bits, self.visit_expr(var), primfunc_name_hint="bf16_bits", primfunc_attrs=_ELEMWISE))
+        return self._bits[var]
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        inputs = _on_bits_inputs(value) if binding.var in self.stored else None
+        if inputs is None:
+            super().visit_var_binding_(binding)
+            return
+        bits = [self._bits_of(u) for u in inputs]  # the fp32 result it replaces is read by nothing else
+        if value.op.name == _CONCAT:
+            self._bits[binding.var] = self.builder_.emit(relax.op.concat(bits, axis=value.attrs.axis))
+        else:
+            a = value.attrs
+            self._bits[binding.var] = self.builder_.emit(self.builder_.call_te(
+                max_pool_bits, bits[0], [int(x) for x in a.pool_size], [int(x) for x in a.strides],
+                [int(x) for x in a.dilation], [int(x) for x in a.padding], bool(a.ceil_mode), str(a.layout),
+                primfunc_name_hint="max_pool2d_bits"))
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         name = called_prim_func(call)
         new = super().visit_call_(call)
-        if name not in self.products or call.args[1].fields[0] not in self.stored:
+        data = call.args[1].fields[0] if name in self.products else None
+        if data not in self.stored:
             return new
-        data, packed = new.args[1].fields[:2]
-        if data not in self._bits:
-            self._bits[data] = self.builder_.emit(self.builder_.call_te(
-                to_bf16_bits, data, primfunc_name_hint="bf16_bits", primfunc_attrs=_ELEMWISE))
+        packed = new.args[1].fields[1]
         product = self.products[name]
-        return self.builder_.call_te(product.compute, self._bits[data], packed, *product.params,
+        return self.builder_.call_te(product.compute, self._bits_of(data), packed, *product.params,
                                      primfunc_name_hint=product.name, primfunc_attrs=dict(self.attrs))
