@@ -26,12 +26,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import tvm
-from tvm import relax, te
-
-from tvm import topi
+from tvm import relax, te, topi
 
 from ..state.tensor_intrin import bf16_to_f32
 from ..task.te_ops import to_bf16_bits
@@ -122,8 +120,10 @@ class _Reads:
         """The activations to store as bits: products and :data:`ON_BITS` operators stored as bits read them and
         nothing else does, and they come from a product through element-wise operators whose results nothing
         else reads, or from such an operator whose every input is stored as bits."""
-        stored = {v for v in self.bound if _on_bits_inputs(self.bound[v]) is not None
-                  or (self.uses[v] and self.readers.get(v) and self._fused_chain(v))}
+        read_so = {v for v, readers in self.readers.items() if self.product_reads[v]
+                   or any(_on_bits_inputs(self.bound[r]) is not None for r in readers)}
+        stored = {v for v in read_so if v in self.bound
+                  and (_on_bits_inputs(self.bound[v]) is not None or self._fused_chain(v))}
         changed = True
         while changed:  # drop what reads or is read by anything not stored, until nothing more is dropped
             changed = False
@@ -156,7 +156,8 @@ class _Reads:
         return product and all(reads[u] == self.uses[u] for u in chain if u is not var)
 
 
-def max_pool_bits(bits: te.Tensor, pool_size, strides, dilation, padding, ceil_mode: bool, layout: str) -> te.Tensor:
+def max_pool_bits(bits: te.Tensor, pool_size: Sequence[int], strides: Sequence[int], dilation: Sequence[int],
+                  padding: Sequence[int], ceil_mode: bool, layout: str) -> te.Tensor:
     """A max pooling of bf16 bits into bf16 bits: each element decoded at its load, the window's max (one of
     its bf16 values, or the padding's -inf) stored as bits again, unchanged by the rounding."""
     values = te.compute(bits.shape, lambda *i: bf16_to_f32(bits(*i)), name="bf16_values")
