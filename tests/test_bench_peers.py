@@ -4,7 +4,7 @@ missing with its error, and OpenVINO's inputs are found by any of their names.""
 import numpy as np
 import pytest
 
-from ansor.bench.peers import _feed_name, onnxruntime_peer, openvino_peer
+from ansor.bench.peers import feed_name, onnxruntime_peer, openvino_peer
 
 
 @pytest.mark.parametrize("peer", [onnxruntime_peer, openvino_peer])
@@ -21,6 +21,6 @@ def test_a_runtime_that_fails_on_a_model_is_reported_not_raised(tmp_path, peer):
 def test_openvino_inputs_are_matched_by_any_of_their_names():
     feed = {"input_ids": np.zeros((1, 8), "int64")}
     # GPT-2's port: OpenVINO's any_name picked the Reshape it merged the input with
-    assert _feed_name({"/net/Reshape_output_0", "input_ids"}, feed) == "input_ids"
+    assert feed_name({"/net/Reshape_output_0", "input_ids"}, feed) == "input_ids"
     with pytest.raises(KeyError, match="no input named a or b .*input_ids"):
-        _feed_name({"b", "a"}, feed)
+        feed_name({"b", "a"}, feed)

@@ -32,6 +32,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import AnsorError
+from .peers import feed_name
 
 #: A task's name: its PrimFunc's op names, then its input shapes (``fused_conv2d_add [1,56,56,64]x[3,3,64,64]``).
 _SHAPES = re.compile(r"\[([\d,]+)\]")
@@ -138,8 +139,7 @@ class OpenVINOProfile:
             "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": True})
         self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
         self.request = self.compiled.create_infer_request()
-        self.feed = {port: feed[port.any_name] if port.any_name in feed else next(iter(feed.values()))
-                     for port in self.compiled.inputs}
+        self.feed = {port: feed[feed_name(port.get_names(), feed)] for port in self.compiled.inputs}
         self.classes = onnx_classes(path)
         for _ in range(3):
             self.request.infer(self.feed)

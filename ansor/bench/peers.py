@@ -104,7 +104,7 @@ def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: 
         compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
                                       "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision})
         request = compiled.create_infer_request()
-        by_port = {port: feed[_feed_name(port.get_names(), feed)] for port in compiled.inputs}
+        by_port = {port: feed[feed_name(port.get_names(), feed)] for port in compiled.inputs}
         result = request.infer(by_port)
         outputs = [np.asarray(result[port]) for port in compiled.outputs]
         mean, median = time_calls(lambda: request.infer(by_port), repeat)
@@ -113,7 +113,7 @@ def openvino_peer(path: str, feed: dict[str, np.ndarray], threads: int, repeat: 
     return _reported(name, run, precision)
 
 
-def _feed_name(names: set[str], feed: dict[str, np.ndarray]) -> str:
+def feed_name(names: set[str], feed: dict[str, np.ndarray]) -> str:
     """The model input among a port's tensor names. A port has several names when OpenVINO merged the input
     with what it feeds (GPT-2's ``input_ids`` port was also ``/net/Reshape_output_0``), and ``any_name``
     may pick the other one."""
