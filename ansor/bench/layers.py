@@ -32,6 +32,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from ..errors import AnsorError
+from .docs import markdown_table
 from .peers import feed_name
 
 #: A task's name: its PrimFunc's op names, then its input shapes (``fused_conv2d_add [1,56,56,64]x[3,3,64,64]``).
@@ -171,13 +172,12 @@ def compare(ansor_rounds: list[dict], peer_rounds: list[dict]) -> list[ClassTime
 
 
 def table(rows: Sequence[ClassTimes], peer: str) -> str:
-    lines = [f"| class | ansor calls | ansor ms | {peer} nodes | {peer} ms | ansor / {peer} |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in [*rows, ClassTimes("all", sum(r.ansor_calls for r in rows), sum(r.ansor_ms for r in rows),
-                                sum(r.peer_calls for r in rows), sum(r.peer_ms for r in rows))]:
-        ratio = f"{r.ansor_ms / r.peer_ms:.2f}" if r.peer_ms > 0 else "-"
-        lines.append(f"| {r.name} | {r.ansor_calls} | {r.ansor_ms:.3f} | {r.peer_calls} | {r.peer_ms:.3f} | {ratio} |")
-    return "\n".join(lines)
+    total = ClassTimes("all", sum(r.ansor_calls for r in rows), sum(r.ansor_ms for r in rows),
+                       sum(r.peer_calls for r in rows), sum(r.peer_ms for r in rows))
+    cells = [(r.name, str(r.ansor_calls), f"{r.ansor_ms:.3f}", str(r.peer_calls), f"{r.peer_ms:.3f}",
+              f"{r.ansor_ms / r.peer_ms:.2f}" if r.peer_ms > 0 else "-") for r in [*rows, total]]
+    return markdown_table(("class", "ansor calls", "ansor ms", f"{peer} nodes", f"{peer} ms", f"ansor / {peer}"),
+                          cells, "<>>>>>")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

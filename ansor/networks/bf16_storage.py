@@ -97,6 +97,7 @@ class _Reads:
         self.uses: Counter = Counter()
         self.product_reads: Counter = Counter()
         self.readers: dict[relax.Var, list[relax.Var]] = {}  # the variables bound to what reads each one
+        self.on_bits: dict[relax.Var, list[relax.Var]] = {}  # the inputs of each ON_BITS operator's result
         self.products = products
         body = func.body
         for block in body.blocks:
@@ -105,6 +106,9 @@ class _Reads:
                 if value is None:
                     continue
                 self.bound[binding.var] = value
+                inputs = _on_bits_inputs(value)
+                if inputs is not None:
+                    self.on_bits[binding.var] = inputs
                 read = _vars_in(value)
                 self.uses.update(read)
                 for v in read:
@@ -120,19 +124,17 @@ class _Reads:
         """The activations to store as bits: products and :data:`ON_BITS` operators stored as bits read them and
         nothing else does, and they come from a product through element-wise operators whose results nothing
         else reads, or from such an operator whose every input is stored as bits."""
-        read_so = {v for v, readers in self.readers.items() if self.product_reads[v]
-                   or any(_on_bits_inputs(self.bound[r]) is not None for r in readers)}
-        stored = {v for v in read_so if v in self.bound
-                  and (_on_bits_inputs(self.bound[v]) is not None or self._fused_chain(v))}
+        read_so = {v for v, readers in self.readers.items()
+                   if self.product_reads[v] or any(r in self.on_bits for r in readers)}
+        stored = {v for v in read_so if v in self.on_bits or (v in self.bound and self._fused_chain(v))}
         changed = True
         while changed:  # drop what reads or is read by anything not stored, until nothing more is dropped
             changed = False
             for v in list(stored):
-                inputs = _on_bits_inputs(self.bound[v])
-                on_bits = sum(_vars_in(self.bound[r]).count(v) for r in set(self.readers.get(v, ()))
-                              if r in stored and _on_bits_inputs(self.bound[r]) is not None)
-                if self.uses[v] != self.product_reads[v] + on_bits or (
-                        inputs is not None and not all(u in stored for u in inputs)):
+                on_bits = sum(self.on_bits[r].count(v) for r in set(self.readers.get(v, ()))
+                              if r in stored and r in self.on_bits)
+                if self.uses[v] != self.product_reads[v] + on_bits or not all(
+                        u in stored for u in self.on_bits.get(v, ())):
                     stored.discard(v)
                     changed = True
         return stored
