@@ -179,14 +179,14 @@ def _check_parent(path: str, what: str) -> None:
 
 
 def add_precision_arg(parser: argparse.ArgumentParser, *, for_logs: bool = False) -> None:
-    """``--precision {fp32,bf16}``; for a command that reads a network's log, the default is the log's."""
-    default = ("the log's: bf16 for a <network>-b<batch>-bf16.json log, else fp32" if for_logs
-               else "fp32, bit for bit what it was before bf16 existed")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default=None if for_logs else "fp32",
-                        help="what convolutions and dense layers compute in: fp32, or bf16 (their inputs rounded "
-                             "to bf16 at the load, weights at build time; products and sums in fp32; the rest "
-                             "fp32), on the CPU's bf16 dot product (cpuinfo flag avx512_bf16); "
-                             f"default: {default}")
+    """``--precision {fp32,bf16,bf16-stored}``; for a command that reads a network's log, the default is the
+    log's."""
+    from .task.precision import PRECISIONS, Precision
+    default = ("the log's: bf16 for a <network>-b<batch>-bf16.json log (bf16-stored for -bf16-stored.json), "
+               "else fp32" if for_logs else "fp32, bit for bit what it was before bf16 existed")
+    parser.add_argument("--precision", choices=PRECISIONS, default=None if for_logs else "fp32",
+                        help="what the network computes in. " + "; ".join(p.help for p in Precision)
+                        + f". Default: {default}")
 
 
 _HOST_PORT = re.compile(r"^(ray://)?(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")

@@ -342,6 +342,9 @@ def test_log_names_carry_the_precision():
     assert precision_from_log_name("logs/resnet-50-b1-bf16.json") == "bf16"
     assert precision_from_log_name("logs/resnet-50-b1.json") == "fp32"
     assert precision_from_log_name("bench-work/resnet50-bf16.json") == "bf16"  # the zoo bench's name
+    assert log_name("resnet-50", 1, "bf16-stored") == "resnet-50-b1-bf16-stored.json"
+    assert network_from_log_name("logs/resnet-50-b1-bf16-stored.json") == ("resnet-50", 1)
+    assert precision_from_log_name("logs/resnet-50-b1-bf16-stored.json") == "bf16-stored"
 
 
 def test_builds_apart_beyond_bf16_tolerance_pass_only_as_close_to_fp32_as_the_default():
@@ -489,6 +492,101 @@ def test_an_activation_only_bf16_products_read_is_stored_as_bf16_bits():
 
     kept = extract(as_network(bottleneck(residual=True), params), PORTABLE, precision=BF16).tasks
     assert not any("bf_bits" in t.name for t in kept) and all("A16" in str(t.task.compute_dag) for t in kept)
+
+
+def test_a_residual_blocks_output_is_stored_as_bits_for_its_add_too_in_bf16_stored():
+    """In bf16-stored the 3x3 layer's output, which the 1x1 layer and a residual add read, is stored as bits:
+    the add decodes them in the 1x1 layer's epilogue, so it adds the rounded values (OpenVINO's storage)."""
+    mod = bottleneck(residual=True)
+    params = params_of(mod)
+    ex, exe = default_build(mod, params, PORTABLE, Precision.BF16_STORED)
+    first, second = sorted(ex.tasks, key=lambda t: -t.task.flop_ct)
+    assert first.name.startswith("fused_bfloat_conv2d_relu_bf_bits"), first.name
+    assert "bf_decode" in second.name, second.name
+    assert [dtype for _, dtype in program.arg_specs(second.task)] == [BF16_BITS, BF16_BITS, "float32"]
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 6, 6, 4)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    xp, w1 = np.pad(bf16(x), ((0, 0), (1, 1), (1, 1), (0, 0))), bf16(params["w1"])
+    y = np.maximum(sum(xp[:, kh:kh + 6, kw:kw + 6, :] @ w1[kh, kw] for kh in range(3) for kw in range(3)), 0)
+    want = bf16(y) @ bf16(params["w2"][0, 0]) + bf16(y)
+    assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
+    fp32_residual = bf16(y) @ bf16(params["w2"][0, 0]) + y  # what bf16 computes
+    assert np.abs(got - fp32_residual).max() > 100 * np.abs(got - want).max()
+
+
+def dense_block() -> tvm.IRModule:
+    """DenseNet's pattern: a pooled activation and a convolution of it concatenated, then a batch norm's scale
+    and shift and a ReLU, then a 1x1 convolution."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, "float32"))
+            for name, shape in (("x", (1, 9, 9, 16)), ("w0", (3, 3, 16, 16)), ("w1", (3, 3, 16, 16)),
+                                ("s", (32,)), ("t", (32,)), ("w2", (1, 1, 32, 16)))]
+    x, w0, w1, scale, shift, w2 = args
+    op, nhwc = relax.op, {"data_layout": "NHWC", "kernel_layout": "HWIO"}
+    with bb.function("main", args):
+        with bb.dataflow():
+            c0 = bb.emit(op.nn.relu(op.nn.conv2d(x, w0, padding=1, **nhwc)))
+            p = bb.emit(op.nn.avg_pool2d(c0, pool_size=2, strides=1, layout="NHWC"))
+            f = bb.emit(op.nn.relu(op.nn.conv2d(p, w1, padding=1, **nhwc)))
+            bn = bb.emit(op.nn.relu(op.add(op.multiply(op.concat([p, f], axis=3), scale), shift)))
+            out = bb.emit_output(op.nn.conv2d(bn, w2, **nhwc))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("precision", [BF16, Precision.BF16_STORED])
+def test_a_dense_blocks_concatenation_is_stored_as_bits_only_in_bf16_stored(precision):
+    """bf16 keeps the concatenation, which a batch norm reads, in fp32 (and the pooling and convolution it
+    joins); bf16-stored rounds the pooling's and the convolution's outputs, and the batch norm's kernel
+    concatenates and decodes the bits. Both store the batch norm's ReLU for the last convolution."""
+    mod = dense_block()
+    params = params_of(mod)
+    ex, exe = default_build(mod, params, PORTABLE, precision)
+    dtypes = {t.name.split(" ")[0]: [d for _, d in program.arg_specs(t.task)] for t in ex.tasks}
+    stored = precision is Precision.BF16_STORED
+    bits_out = {name: d[-1] == BF16_BITS for name, d in dtypes.items()}
+    assert [b for n, b in bits_out.items() if "avg_pool2d" in n] == [stored], dtypes
+    assert any("multiply_add_relu" in n and b for n, b in bits_out.items()), dtypes
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 9, 9, 16)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+
+    def conv(v, w, pad):
+        v = np.pad(v, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+        k, n = w.shape[0], v.shape[1] - w.shape[0] + 1
+        return sum(v[:, i:i + n, j:j + n, :] @ bf16(w[i, j]) for i in range(k) for j in range(k))
+
+    keep = bf16 if stored else (lambda v: v)
+    c0 = np.maximum(conv(bf16(x), params["w0"], 1), 0)
+    p = (c0[:, :8, :8] + c0[:, 1:, :8] + c0[:, :8, 1:] + c0[:, 1:, 1:]) / 4
+    f = np.maximum(conv(bf16(p), params["w1"], 1), 0)
+    bn = np.maximum(np.concatenate([keep(p), keep(f)], 3) * params["s"] + params["t"], 0)
+    want = conv(bf16(bn), params["w2"], 0)
+    assert got.shape == want.shape == (1, 8, 8, 16)
+    off = np.abs(got - want) > 64 * 2.0 ** -23 * np.abs(want).max()  # a sum's order may flip a rounding
+    assert off.mean() < 0.02 and np.abs(got - want).max() <= 2.0 ** -8 * np.abs(want).max()
+
+
+def test_an_element_wise_activation_only_products_read_is_stored_as_bits():
+    """A batch norm's scale and shift and a ReLU before a convolution (DenseNet's order) round their output
+    into bits in their own kernel; the convolution reads the bits and computes what it computed before."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(name, relax.TensorType(shape, "float32"))
+            for name, shape in (("x", (1, 6, 6, 16)), ("s", (16,)), ("t", (16,)), ("w", (1, 1, 16, 16)))]
+    with bb.function("main", args):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.multiply(args[0], args[1]), args[2])))
+            out = bb.emit_output(relax.op.nn.conv2d(a, args[3], data_layout="NHWC", kernel_layout="HWIO"))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    params = params_of(mod)
+    ex, exe = default_build(mod, params, PORTABLE)
+    dtypes = {t.name.split(" ")[0]: [d for _, d in program.arg_specs(t.task)] for t in ex.tasks}
+    assert dtypes["fused_multiply_add_relu_bf_bits"][-1] == BF16_BITS, dtypes
+    assert dtypes["bfloat_conv2d"][0] == BF16_BITS, dtypes
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 6, 6, 16)).astype(np.float32)
+    [got] = run(exe, ex.network, [x], PORTABLE)
+    want = bf16(np.maximum(x * params["s"] + params["t"], 0)) @ bf16(params["w"][0, 0])
+    assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
 
 
 def test_a_gelu_hidden_layer_between_two_dense_layers_is_stored_as_bf16_bits():

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import AnsorError
 from .docs import markdown_table
+from ..task.precision import PRECISIONS
 from .peers import feed_name
 
 #: A task's name: its PrimFunc's op names, then its input shapes (``fused_conv2d_add [1,56,56,64]x[3,3,64,64]``).
@@ -184,7 +185,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("onnx", type=Path, help="the model's ONNX file")
     parser.add_argument("log", type=Path, help="ansor's tuning log of that model (its best records are built)")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="the precision the log was tuned in (default fp32)")
     parser.add_argument("--rounds", type=int, default=5, help="profiles of each side, in turn (default 5)")
     parser.add_argument("--repeat", type=int, default=10, help="inferences per profile (default 10)")

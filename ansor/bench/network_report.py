@@ -200,12 +200,19 @@ RESULT_NOTE = ("Each model: batch 1, float32, every contender with this machine'
 
 
 #: The note under a bf16 table, instead of :data:`RESULT_NOTE`'s first sentence.
-BF16_NOTE = ("Each model: batch 1, ansor in bf16 (convolutions' and dense layers' inputs rounded to bf16, sums "
-             "fp32), every runtime in its default precision on this CPU (OpenVINO's is bf16 where the CPU has "
-             "native bf16), all with this machine's physical cores as threads; \"output vs ONNX Runtime\" is "
-             "ansor's error against ONNX Runtime's float32 output (OpenVINO's bf16 error: beside it in the zoo's "
-             "table, and printed by every run). "
-             + RESULT_NOTE.split("; ", 1)[1])
+_BF16_NOTE = ("Each model: batch 1, ansor in {precision} (convolutions' and dense layers' inputs rounded to bf16, "
+              "sums fp32{stored}), every runtime in its default precision on this CPU (OpenVINO's is bf16 where "
+              "the CPU has native bf16), all with this machine's physical cores as threads; \"output vs ONNX "
+              "Runtime\" is ansor's error against ONNX Runtime's float32 output (OpenVINO's bf16 error: beside "
+              "it in the zoo's table, and printed by every run). "
+              + RESULT_NOTE.split("; ", 1)[1])
+
+
+def bf16_note(precision: str) -> str:
+    """The note under a table of bf16 runs: what ansor computes in ``precision``, against what."""
+    stored = ("; every activation those layers read stored in bf16, as OpenVINO stores them"
+              if precision == "bf16-stored" else "")
+    return _BF16_NOTE.format(precision=precision, stored=stored)
 
 
 def result_header(precision: str) -> tuple[str, ...]:
@@ -268,10 +275,10 @@ def write_docs(root: Path, reports: list[ModelReport], provenance: Provenance, a
         summary.append(summary_row(r.name, cells))
     geomean, count = geometric_mean(ratios)
     table = markdown_table(header, rows, f"<{RESULT_ALIGN}>")
-    what = f"Networks{' in bf16' if bf16 else ''} after {args.minutes:g} minutes of tuning each"
+    what = f"Networks{' in ' + precision.value if bf16 else ''} after {args.minutes:g} minutes of tuning each"
     body = (f"## {what}\n\n{provenance.markdown()}\n{table}\n\n"
             f"Geometric mean of ansor / {peers_label(precision.value)}: **{geomean:.2f}** over {count} models. "
-            f"{BF16_NOTE if bf16 else RESULT_NOTE}\n")
+            f"{bf16_note(precision.value) if bf16 else RESULT_NOTE}\n")
     write_section(root / "docs" / "benchmarks.md", section_key("network" + precision.suffix, provenance.cpu), body)
     if not bf16:  # the README's summary is the fp32 comparison
         write_summary(root, what, summary, geomean, provenance)

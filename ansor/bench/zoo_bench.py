@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 from ..errors import AnsorError, short_message
 from ..task.precision import Precision
 from .docs import Provenance, markdown_table, read_section, section_key, write_section
-from .network_report import (BF16_NOTE, RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, geometric_mean,
+from .network_report import (RESULT_ALIGN, RESULT_HEADER, RESULT_NOTE, ModelReport, bf16_note, geometric_mean,
                              peers_label, result_cells, result_header, summary_row, write_summary)
 from .zoo import ZooModel
 
@@ -229,7 +229,7 @@ def zoo_header(precision: str) -> tuple[str, ...]:
 
 def zoo_heading(minutes: float, precision: str) -> str:
     """The title of the zoo's section for a run in ``precision`` of ``minutes`` of tuning a model."""
-    return f"## Model zoo{' in bf16' if precision != 'fp32' else ''} after {minutes:g} minutes of tuning each"
+    return f"## Model zoo{' in ' + precision if precision != 'fp32' else ''} after {minutes:g} minutes of tuning each"
 
 
 def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: float, precision: str = "fp32") -> str:
@@ -249,8 +249,8 @@ def zoo_markdown(results: list[ZooResult], provenance: Provenance, minutes: floa
     return (f"{zoo_heading(minutes, precision)}\n\n"
             f"{provenance.markdown()}\n{table}\n\n"
             f"Geometric mean of ansor / {peers_label(precision)}: **{geomean:.2f}** over the {count} "
-            f"of {len(results)} models that ran. {BF16_NOTE if bf16 else RESULT_NOTE} \"matches ONNX Runtime\": "
-            f"every output {tolerance}, in brackets the largest difference over the output's scale"
+            f"of {len(results)} models that ran. {bf16_note(precision) if bf16 else RESULT_NOTE} \"matches ONNX "
+            f"Runtime\": every output {tolerance}, in brackets the largest difference over the output's scale"
             f"{theirs}. Random "
             f"weights, batch 1, opset 17; sources: {sources}.\n")
 

@@ -15,7 +15,7 @@ from typing import Optional
 from ..errors import RecordError
 from ..task.precision import Precision
 
-_LOG_NAME = re.compile(r"^(?P<network>.+)-b(?P<batch>\d+)(?:-(?P<precision>bf16))?$")
+_LOG_NAME = re.compile(r"^(?P<network>.+)-b(?P<batch>\d+)(?:-(?P<precision>bf16(?:-stored)?))?$")
 
 
 def check_log_file(log_file: Path, *, must_exist: bool = False, resume: bool = False) -> None:
@@ -41,5 +41,6 @@ def network_from_log_name(path: os.PathLike) -> Optional[tuple[str, int]]:
 
 def precision_from_log_name(path: os.PathLike) -> str:
     """``bf16`` for a log whose name ends in ``-bf16.json`` (``ansor tune``'s ``<network>-b<batch>-bf16.json``,
-    the zoo bench's ``<model>-bf16.json``), else ``fp32``."""
-    return "bf16" if Path(path).stem.endswith("-bf16") else "fp32"
+    the zoo bench's ``<model>-bf16.json``), likewise ``bf16-stored``, else ``fp32``."""
+    stem = Path(path).stem
+    return next((p.value for p in Precision if p.suffix and stem.endswith(p.suffix)), "fp32")

@@ -72,6 +72,6 @@ def network_precision(args: argparse.Namespace, target, log: Optional[os.PathLik
     from ..sketch.tensor_rules import require_bf16_unit
     text = args.precision or (precision_from_log_name(log) if log is not None else "fp32")
     precision = Precision(text)
-    if precision is Precision.BF16:
+    if precision.bf16:
         require_bf16_unit(target)
     return precision

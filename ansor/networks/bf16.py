@@ -90,12 +90,13 @@ MIN_ODD_CHANNELS = 3
 _OUT_FUSABLE = {"op_pattern": 4}
 
 
-def use_bf16(mod: tvm.IRModule, amx: bool = False) -> tvm.IRModule:
+def use_bf16(mod: tvm.IRModule, amx: bool = False, shared: bool = False) -> tvm.IRModule:
     """``mod`` with every eligible convolution and dense layer computed in bf16 (see the module notes);
     ``amx``: for a target with AMX tiles (rows padded where no tile's rows divide them, strided
-    convolutions in phases: the module notes)."""
+    convolutions in phases: the module notes); ``shared``: activations that products read stored as bf16
+    where element-wise operators read them too (:mod:`.bf16_storage`)."""
     mutator = _BF16Products(mod, amx)
-    mod, stored = store_bits(mutate_relax_functions(mutator), mutator.products, _OUT_FUSABLE)
+    mod, stored = store_bits(mutate_relax_functions(mutator), mutator.products, _OUT_FUSABLE, shared)
     logger.info("bf16: %d convolutions (grouped ones whose groups tile 16 channels included), %d grouped ones in "
                 "fp32 FMA, %d dense layers and %d products of two activations take bf16 inputs; %d products stay "
                 "fp32 (not NHWC, not float32, output channels that need over %.0f %% more to fill 16 lanes, an odd "

@@ -9,10 +9,19 @@ ResNet's activations inside a bottleneck and a transformer's MLP hidden layer (G
 two dense layers) are such activations; a block's output, which a residual add also reads, stays fp32.
 
 The rounding (:func:`~ansor.task.te_ops.to_bf16_bits`) is an element-wise operator after the activation, so
-``FuseOps`` puts it into the PrimFunc of the product that computes the activation, as the last step of its
-epilogue. It is added only where the activation comes from a bf16 product through element-wise operators
-whose results nothing else reads (:data:`~.calls.ELEMENTWISE`: bias, ReLU, GELU in its erf or tanh form, a
-residual add), the chains ``FuseOps`` fuses: elsewhere it would be a pass over the activation of its own.
+``FuseOps`` puts it into the PrimFunc that computes the activation, as the last step of its epilogue. It is
+added only where a kernel computes the activation anyway, a product, an element-wise operator
+(:data:`~.calls.ELEMENTWISE`: bias, ReLU, GELU, a residual add, a batch norm's scale and shift, a
+squeeze-excitation's scaling) or one whose kernel takes an element-wise epilogue (:data:`EPILOGUE_FUSABLE`:
+a pooling, a mean, a layer norm), whatever that kernel reads: elsewhere (a reshape, a function's input) it
+would be a pass over the activation of its own. DenseNet's batch norm and ReLU before each convolution and
+MobileNet's squeeze-excitation outputs are stored so, besides the products' own outputs.
+
+With ``shared`` (:attr:`~ansor.task.precision.Precision.BF16_STORED`) an activation that a product reads
+is stored as bits even where element-wise operators read it too: each of them decodes the bits at its load
+(:func:`from_bf16_bits`, fused into it), so it reads the rounded value where it read the fp32 one. That is
+how OpenVINO stores a bf16 network's activations, a residual stream included: a residual block's output is
+written once, as bits, for the next block's products and its residual add.
 
 Two operators make bf16 values of bf16 values, exactly, and so run on the bits between products
 (:data:`ON_BITS`): a concatenation copies them, and a max pooling picks one of each window's (rounding is
@@ -35,13 +44,15 @@ from ..state.tensor_intrin import bf16_to_f32
 from ..task.te_ops import to_bf16_bits
 from .calls import ELEMENTWISE, called_prim_func, mutate_relax_functions
 
-#: The most operators between a product and an activation that are followed back; a longer chain stays fp32.
-MAX_CHAIN = 32
 #: TVM's op pattern kElemWise: the rounding fuses after any epilogue.
 _ELEMWISE = {"op_pattern": 0}
 _CONCAT, _MAX_POOL = "relax.concat", "relax.nn.max_pool2d"
 #: Operators whose output holds bf16 values when their input does (the module notes): they run on the bits.
 ON_BITS = frozenset({_CONCAT, _MAX_POOL})
+#: Operators besides the element-wise ones whose kernel an element-wise epilogue fuses into (TVM's
+#: kOutEWiseFusable and reductions): the rounding of their output costs no pass of its own.
+EPILOGUE_FUSABLE = frozenset(f"relax.{name}" for name in (
+    "nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d", "mean", "nn.layer_norm"))
 
 
 @dataclass(frozen=True)
@@ -54,12 +65,13 @@ class Product:
     name: str
 
 
-def store_bits(mod: tvm.IRModule, products: Mapping[str, Product], attrs: Mapping[str, int]) -> tuple[
-        tvm.IRModule, int]:
+def store_bits(mod: tvm.IRModule, products: Mapping[str, Product], attrs: Mapping[str, int],
+               shared: bool = False) -> tuple[tvm.IRModule, int]:
     """``mod`` with each activation that only the calls of ``products`` (by PrimFunc name) read stored as
     bf16 bits (see the module notes; ``attrs``: the products' PrimFunc attributes), the PrimFuncs no call
-    reads any more removed; and how many activations are stored."""
-    mutator = _StoreBits(mod, products, attrs)
+    reads any more removed; and how many activations are stored. ``shared``: element-wise operators may read
+    a stored activation too, decoded at their load."""
+    mutator = _StoreBits(mod, products, attrs, shared)
     return relax.transform.DeadCodeElimination()(mutate_relax_functions(mutator)), len(mutator.stored)
 
 
@@ -89,13 +101,24 @@ def _on_bits_inputs(value: relax.Expr) -> list[relax.Var] | None:
     return inputs
 
 
+def _elementwise(value: relax.Expr) -> bool:
+    return isinstance(value, relax.Call) and getattr(value.op, "name", "") in ELEMENTWISE
+
+
+def from_bf16_bits(bits: te.Tensor) -> te.Tensor:
+    """The fp32 values of bf16 ``bits``, element by element: a stored activation an element-wise operator reads."""
+    return te.compute(bits.shape, lambda *i: bf16_to_f32(bits(*i)), name="bf16_decode")
+
+
 class _Reads:
     """One Relax function's bindings and who reads each variable."""
 
-    def __init__(self, func: relax.Function, products: Mapping[str, Product]):
+    def __init__(self, func: relax.Function, products: Mapping[str, Product], shared: bool = False):
         self.bound: dict[relax.Var, relax.Expr] = {}
         self.uses: Counter = Counter()
         self.product_reads: Counter = Counter()
+        self.decoded_reads: Counter = Counter()  # reads by element-wise operators, where they may decode bits
+        self.shared = shared
         self.readers: dict[relax.Var, list[relax.Var]] = {}  # the variables bound to what reads each one
         self.on_bits: dict[relax.Var, list[relax.Var]] = {}  # the inputs of each ON_BITS operator's result
         self.products = products
@@ -115,6 +138,8 @@ class _Reads:
                     self.readers.setdefault(v, []).append(binding.var)
                 if self.is_product(value):
                     self.product_reads[value.args[1].fields[0]] += 1
+                elif shared and _elementwise(value):
+                    self.decoded_reads.update(read)
         self.uses.update(_vars_in(body.body))
 
     def is_product(self, value: relax.Expr) -> bool:
@@ -122,40 +147,30 @@ class _Reads:
 
     def stored(self) -> set[relax.Var]:
         """The activations to store as bits: products and :data:`ON_BITS` operators stored as bits read them and
-        nothing else does, and they come from a product through element-wise operators whose results nothing
-        else reads, or from such an operator whose every input is stored as bits."""
+        nothing else does (with ``shared``, element-wise operators may too), and a kernel that is there anyway
+        computes them (a product, or an element-wise or :data:`EPILOGUE_FUSABLE` operator: the rounding fuses
+        into it), or such an operator whose every input is stored as bits."""
         read_so = {v for v, readers in self.readers.items()
                    if self.product_reads[v] or any(r in self.on_bits for r in readers)}
-        stored = {v for v in read_so if v in self.on_bits or (v in self.bound and self._fused_chain(v))}
+        if self.shared:
+            read_so |= set(self.on_bits)
+        stored = {v for v in read_so if v in self.on_bits or self._computed_in_a_kernel(v)}
         changed = True
         while changed:  # drop what reads or is read by anything not stored, until nothing more is dropped
             changed = False
             for v in list(stored):
                 on_bits = sum(self.on_bits[r].count(v) for r in set(self.readers.get(v, ()))
                               if r in stored and r in self.on_bits)
-                if self.uses[v] != self.product_reads[v] + on_bits or not all(
+                if self.uses[v] != self.product_reads[v] + on_bits + self.decoded_reads[v] or not all(
                         u in stored for u in self.on_bits.get(v, ())):
                     stored.discard(v)
                     changed = True
         return stored
 
-    def _fused_chain(self, var: relax.Var) -> bool:
-        chain, todo, product = {var}, [var], False
-        while todo:
-            value = self.bound.get(todo.pop())
-            if self.is_product(value):
-                product = True
-                continue
-            if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") in ELEMENTWISE):
-                return False
-            for arg in _vars_in(value):
-                if arg not in chain and arg in self.bound:
-                    chain.add(arg)
-                    todo.append(arg)
-            if len(chain) > MAX_CHAIN:
-                return False
-        reads = Counter(v for u in chain for v in _vars_in(self.bound[u]))
-        return product and all(reads[u] == self.uses[u] for u in chain if u is not var)
+    def _computed_in_a_kernel(self, var: relax.Var) -> bool:
+        value = self.bound.get(var)
+        return self.is_product(value) or _elementwise(value) or (
+            isinstance(value, relax.Call) and getattr(value.op, "name", "") in EPILOGUE_FUSABLE)
 
 
 def max_pool_bits(bits: te.Tensor, out_shape: Sequence[int], pool_size: Sequence[int], strides: Sequence[int],
@@ -185,14 +200,15 @@ def max_pool_bits(bits: te.Tensor, out_shape: Sequence[int], pool_size: Sequence
 class _StoreBits(relax.PyExprMutator):
     """Rounds each stored activation once, before its first reader, and remakes its readers for the bits."""
 
-    def __init__(self, mod: tvm.IRModule, products: Mapping[str, Product], attrs: Mapping[str, int]):
+    def __init__(self, mod: tvm.IRModule, products: Mapping[str, Product], attrs: Mapping[str, int],
+                 shared: bool):
         super().__init__(mod)
-        self.products, self.attrs = products, attrs
+        self.products, self.attrs, self.shared = products, attrs, shared
         self.stored: set[relax.Var] = set()
         self._bits: dict[relax.Var, relax.Var] = {}
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
-        self.stored |= _Reads(func, self.products).stored()
+        self.stored |= _Reads(func, self.products, self.shared).stored()
         return super().visit_function_(func)
 
     def _bits_of(self, var: relax.Var) -> relax.Var:
@@ -201,6 +217,11 @@ class _StoreBits(relax.PyExprMutator):
             self._bits[var] = self.builder_.emit(self.builder_.call_te(
                 to_bf16_bits, self.visit_expr(var), primfunc_name_hint="bf16_bits", primfunc_attrs=_ELEMWISE))
         return self._bits[var]
+
+    def _decoded(self, var: relax.Var) -> relax.Var:
+        """Stored ``var``'s values from its bits, for one element-wise reader (one each: each fuses into its own)."""
+        return self.builder_.emit(self.builder_.call_te(
+            from_bf16_bits, self._bits_of(var), primfunc_name_hint="bf16_decode", primfunc_attrs=_ELEMWISE))
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = binding.value
@@ -221,6 +242,9 @@ class _StoreBits(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         name = called_prim_func(call)
         new = super().visit_call_(call)
+        if self.shared and _elementwise(call) and any(a in self.stored for a in call.args):
+            args = [self._decoded(a) if a in self.stored else n for a, n in zip(call.args, new.args)]
+            return relax.Call(new.op, args, new.attrs, new.ty_args)
         data = call.args[1].fields[0] if name in self.products else None
         if data not in self.stored:
             return new

@@ -94,7 +94,7 @@ class Extraction:
     @property
     def output_rtol(self) -> float:
         """How far two builds of ``mod`` may differ, as a share of the output's scale (any float rounding)."""
-        return BF16_BUILD_RTOL if self.precision is Precision.BF16 else FP32_BUILD_RTOL
+        return BF16_BUILD_RTOL if self.precision.bf16 else FP32_BUILD_RTOL
 
     @property
     def total_weight(self) -> int:

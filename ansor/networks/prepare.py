@@ -91,11 +91,11 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
             mod = fold_constants(mod)
         mod = sink_transposes(mod)
         mod = separable_resizes(mod)
-        mod = skip_padding_taps(mod, MAX_USEFUL_SHARE_BF16 if precision is Precision.BF16 else MAX_USEFUL_SHARE)
-        if vector_bytes and precision is not Precision.BF16:  # bf16 pads its products' channels itself
+        mod = skip_padding_taps(mod, MAX_USEFUL_SHARE_BF16 if precision.bf16 else MAX_USEFUL_SHARE)
+        if vector_bytes and not precision.bf16:  # bf16 pads its products' channels itself
             mod = pad_output_channels(mod, vector_bytes)
-        if precision is Precision.BF16:
-            mod = use_bf16(mod, amx)
+        if precision.bf16:
+            mod = use_bf16(mod, amx, shared=precision is Precision.BF16_STORED)
         elif winograd:
             mod = winograd_convs(mod)
         if fast_math:

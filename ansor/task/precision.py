@@ -1,5 +1,6 @@
 """What a tuned program computes in: fp32, or bf16 as OpenVINO and oneDNN mean it (the inputs of a product
-rounded to bf16, each product and sum in fp32, everything else fp32)."""
+rounded to bf16, each product and sum in fp32, everything else fp32), or that bf16 with the activations that
+products read stored in bf16 as OpenVINO stores them."""
 
 from __future__ import annotations
 
@@ -15,12 +16,40 @@ if TYPE_CHECKING:  # TVM is imported where a program is converted: the CLI reads
 
 class Precision(enum.Enum):
     FP32 = "fp32"
+    #: Products' inputs rounded to bf16, every other value fp32: an activation is stored as bf16 only where
+    #: nothing but products reads it (the products read the same values either way).
     BF16 = "bf16"
+    #: BF16, and an activation that a product reads is stored as bf16 where element-wise operators read it
+    #: too (a residual add, a batch norm), as OpenVINO stores them: they read its rounded values.
+    BF16_STORED = "bf16-stored"
+
+    @property
+    def bf16(self) -> bool:
+        """Whether the products take bf16 inputs (on the CPU's bf16 dot product)."""
+        return self is not Precision.FP32
 
     @property
     def suffix(self) -> str:
-        """What the name of a run's file or section gets: nothing in fp32, ``-bf16`` in bf16."""
+        """What the name of a run's file or section gets: nothing in fp32, else ``-`` and the name (``-bf16``)."""
         return "" if self is Precision.FP32 else f"-{self.value}"
+
+    @property
+    def help(self) -> str:
+        """One line on what it computes, for ``--help``."""
+        return _HELP[self]
+
+
+_HELP = {
+    Precision.FP32: "fp32: everything in fp32",
+    Precision.BF16: ("bf16: convolutions' and dense layers' inputs rounded to bf16 (weights at build time), "
+                     "products and sums in fp32, everything else fp32, on the CPU's bf16 dot product "
+                     "(cpuinfo flag avx512_bf16)"),
+    Precision.BF16_STORED: ("bf16-stored: bf16, and every activation a convolution or dense layer reads stored "
+                            "in bf16, as OpenVINO stores them: a residual add or batch norm that reads it too "
+                            "reads the rounded value (faster; further from fp32)"),
+}
+#: The names ``--precision`` takes.
+PRECISIONS = tuple(p.value for p in Precision)
 
 
 def precision_named(value: "Precision | str") -> Precision:

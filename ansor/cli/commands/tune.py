@@ -141,7 +141,7 @@ def run(args: argparse.Namespace, log) -> int:
 
     t0 = time.time()
     extraction = extract(net, target, precision=precision)
-    in_bf16 = ", bf16" if precision.value == "bf16" else ""
+    in_bf16 = f", {precision.value}" if precision.bf16 else ""
     print(f"{net.name} (batch {net.batch_size}{in_bf16}): {len(extraction.tasks)} tasks, {extraction.total_weight} "
           f"weighted occurrences, {len(extraction.skipped)} PrimFuncs not tuned (extracted in "
           f"{time.time() - t0:.1f} s); log: {log_file}", file=sys.stderr)
