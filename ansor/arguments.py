@@ -178,15 +178,22 @@ def _check_parent(path: str, what: str) -> None:
         raise argparse.ArgumentTypeError(f"cannot write {path}: {parent} is not writable (expected {what})")
 
 
+#: The names of :class:`ansor.task.precision.Precision` (a layer above this module's), for ``--precision``.
+PRECISIONS = ("fp32", "bf16", "bf16-stored")
+
+
 def add_precision_arg(parser: argparse.ArgumentParser, *, for_logs: bool = False) -> None:
     """``--precision {fp32,bf16,bf16-stored}``; for a command that reads a network's log, the default is the
     log's."""
-    from .task.precision import PRECISIONS, Precision
     default = ("the log's: bf16 for a <network>-b<batch>-bf16.json log (bf16-stored for -bf16-stored.json), "
                "else fp32" if for_logs else "fp32, bit for bit what it was before bf16 existed")
     parser.add_argument("--precision", choices=PRECISIONS, default=None if for_logs else "fp32",
-                        help="what the network computes in. " + "; ".join(p.help for p in Precision)
-                        + f". Default: {default}")
+                        help="what the network computes in: fp32; bf16: convolutions' and dense layers' inputs "
+                             "rounded to bf16 (weights at build time), products and sums in fp32, everything "
+                             "else fp32, on the CPU's bf16 dot product (cpuinfo flag avx512_bf16); bf16-stored: "
+                             "bf16, and every activation those layers read stored in bf16, as OpenVINO stores "
+                             "them, so a residual add or batch norm that reads it too reads the rounded value "
+                             f"(faster; further from fp32). Default: {default}")
 
 
 _HOST_PORT = re.compile(r"^(ray://)?(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")

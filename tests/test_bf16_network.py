@@ -19,6 +19,7 @@ from tvm.script import relax as R
 
 import ansor
 from ansor import codegen
+from ansor.arguments import PRECISIONS
 from ansor.bench.network_report import ModelReport, result_cells, result_header
 from ansor.bench.peers import PeerResult
 from ansor.bench.zoo_bench import matches_ort, run_key, zoo_section
@@ -95,6 +96,13 @@ def params_of(mod, seed: int = 0) -> dict:
 def bf16(x: np.ndarray) -> np.ndarray:
     """``x`` rounded to bf16, as float64."""
     return bf16_bits_to_f32(round_to_bf16(x)).astype(np.float64)
+
+
+def np_conv(v: np.ndarray, w: np.ndarray, pad: int) -> np.ndarray:
+    """numpy's NHWC convolution of ``v`` by the bf16 values of HWIO ``w``, stride 1, ``pad`` on each side."""
+    v = np.pad(v, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    k, n = w.shape[0], v.shape[1] - w.shape[0] + 1
+    return sum(v[:, i:i + n, j:j + n, :] @ bf16(w[i, j]) for i in range(k) for j in range(k))
 
 
 def default_build(mod, params, target, precision=BF16):
@@ -345,6 +353,7 @@ def test_log_names_carry_the_precision():
     assert log_name("resnet-50", 1, "bf16-stored") == "resnet-50-b1-bf16-stored.json"
     assert network_from_log_name("logs/resnet-50-b1-bf16-stored.json") == ("resnet-50", 1)
     assert precision_from_log_name("logs/resnet-50-b1-bf16-stored.json") == "bf16-stored"
+    assert PRECISIONS == tuple(p.value for p in Precision)  # what --precision offers is what there is
 
 
 def test_builds_apart_beyond_bf16_tolerance_pass_only_as_close_to_fp32_as_the_default():
@@ -550,17 +559,12 @@ def test_a_dense_blocks_concatenation_is_stored_as_bits_only_in_bf16_stored(prec
     x = np.random.default_rng(5).uniform(-1, 1, (1, 9, 9, 16)).astype(np.float32)
     [got] = run(exe, ex.network, [x], PORTABLE)
 
-    def conv(v, w, pad):
-        v = np.pad(v, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-        k, n = w.shape[0], v.shape[1] - w.shape[0] + 1
-        return sum(v[:, i:i + n, j:j + n, :] @ bf16(w[i, j]) for i in range(k) for j in range(k))
-
     keep = bf16 if stored else (lambda v: v)
-    c0 = np.maximum(conv(bf16(x), params["w0"], 1), 0)
+    c0 = np.maximum(np_conv(bf16(x), params["w0"], 1), 0)
     p = (c0[:, :8, :8] + c0[:, 1:, :8] + c0[:, :8, 1:] + c0[:, 1:, 1:]) / 4
-    f = np.maximum(conv(bf16(p), params["w1"], 1), 0)
+    f = np.maximum(np_conv(bf16(p), params["w1"], 1), 0)
     bn = np.maximum(np.concatenate([keep(p), keep(f)], 3) * params["s"] + params["t"], 0)
-    want = conv(bf16(bn), params["w2"], 0)
+    want = np_conv(bf16(bn), params["w2"], 0)
     assert got.shape == want.shape == (1, 8, 8, 16)
     off = np.abs(got - want) > 64 * 2.0 ** -23 * np.abs(want).max()  # a sum's order may flip a rounding
     assert off.mean() < 0.02 and np.abs(got - want).max() <= 2.0 ** -8 * np.abs(want).max()
@@ -689,20 +693,15 @@ def test_concatenations_and_max_poolings_between_bf16_products_run_on_the_bits()
     x = np.random.default_rng(5).uniform(-1, 1, (1, 12, 12, 4)).astype(np.float32)
     [got] = run(exe, ex.network, [x], PORTABLE)
 
-    def conv(v, w, pad):
-        v = np.pad(v, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-        k, n = w.shape[0], v.shape[1] - w.shape[0] + 1
-        return sum(v[:, i:i + n, j:j + n, :] @ bf16(w[i, j]) for i in range(k) for j in range(k))
-
     def max_pool(v, stride, out):
         v = np.pad(v, ((0, 0), (1, 2), (1, 2), (0, 0)), constant_values=-np.inf)
         return np.max([v[:, i:i + stride * out:stride, j:j + stride * out:stride, :]
                        for i in range(3) for j in range(3)], axis=0)
 
-    stem = np.maximum(conv(bf16(x), params["w0"], 1), 0)
+    stem = np.maximum(np_conv(bf16(x), params["w0"], 1), 0)
     p = max_pool(bf16(stem), 2, 7)  # ceil_mode: 7 rows, the last window past the padding
-    cat = np.concatenate([np.maximum(conv(p, params["w1"], 0), 0), np.maximum(conv(p, params["w3"], 1), 0)], 3)
-    want = np.concatenate([np.maximum(conv(bf16(cat), params["w4"], 0), 0), max_pool(cat, 1, 7)], 3)
+    cat = np.concatenate([np.maximum(np_conv(p, params["w1"], 0), 0), np.maximum(np_conv(p, params["w3"], 1), 0)], 3)
+    want = np.concatenate([np.maximum(np_conv(bf16(cat), params["w4"], 0), 0), max_pool(cat, 1, 7)], 3)
     assert got.shape == want.shape == (1, 7, 7, 48)
     # Sums in another order may round a branch's element to its bf16 neighbour, which the last layer carries
     off = np.abs(got - want) > 64 * 2.0 ** -23 * np.abs(want).max()

@@ -33,24 +33,6 @@ class Precision(enum.Enum):
         """What the name of a run's file or section gets: nothing in fp32, else ``-`` and the name (``-bf16``)."""
         return "" if self is Precision.FP32 else f"-{self.value}"
 
-    @property
-    def help(self) -> str:
-        """One line on what it computes, for ``--help``."""
-        return _HELP[self]
-
-
-_HELP = {
-    Precision.FP32: "fp32: everything in fp32",
-    Precision.BF16: ("bf16: convolutions' and dense layers' inputs rounded to bf16 (weights at build time), "
-                     "products and sums in fp32, everything else fp32, on the CPU's bf16 dot product "
-                     "(cpuinfo flag avx512_bf16)"),
-    Precision.BF16_STORED: ("bf16-stored: bf16, and every activation a convolution or dense layer reads stored "
-                            "in bf16, as OpenVINO stores them: a residual add or batch norm that reads it too "
-                            "reads the rounded value (faster; further from fp32)"),
-}
-#: The names ``--precision`` takes.
-PRECISIONS = tuple(p.value for p in Precision)
-
 
 def precision_named(value: "Precision | str") -> Precision:
     """A :class:`Precision` from itself or its name (``"bf16"``), or one error naming the choices."""
