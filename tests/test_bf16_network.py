@@ -493,8 +493,7 @@ def test_an_activation_only_bf16_products_read_is_stored_as_bf16_bits():
     ex, exe = default_build(mod, params, PORTABLE)
     x = np.random.default_rng(5).uniform(-1, 1, (1, 6, 6, 4)).astype(np.float32)
     [got] = run(exe, ex.network, [x], PORTABLE)
-    xp, w1 = np.pad(bf16(x), ((0, 0), (1, 1), (1, 1), (0, 0))), bf16(params["w1"])
-    y = np.maximum(sum(xp[:, kh:kh + 6, kw:kw + 6, :] @ w1[kh, kw] for kh in range(3) for kw in range(3)), 0)
+    y = np.maximum(np_conv(bf16(x), params["w1"], 1), 0)
     want = bf16(y) @ bf16(params["w2"][0, 0])
     assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
     assert np.abs(got - y @ params["w2"][0, 0]).max() > 1e-4  # y was rounded
@@ -515,8 +514,7 @@ def test_a_residual_blocks_output_is_stored_as_bits_for_its_add_too_in_bf16_stor
     assert [dtype for _, dtype in program.arg_specs(second.task)] == [BF16_BITS, BF16_BITS, "float32"]
     x = np.random.default_rng(5).uniform(-1, 1, (1, 6, 6, 4)).astype(np.float32)
     [got] = run(exe, ex.network, [x], PORTABLE)
-    xp, w1 = np.pad(bf16(x), ((0, 0), (1, 1), (1, 1), (0, 0))), bf16(params["w1"])
-    y = np.maximum(sum(xp[:, kh:kh + 6, kw:kw + 6, :] @ w1[kh, kw] for kh in range(3) for kw in range(3)), 0)
+    y = np.maximum(np_conv(bf16(x), params["w1"], 1), 0)
     want = bf16(y) @ bf16(params["w2"][0, 0]) + bf16(y)
     assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
     fp32_residual = bf16(y) @ bf16(params["w2"][0, 0]) + y  # what bf16 computes
@@ -733,8 +731,7 @@ def test_layers_of_output_channels_no_16_divide_compute_zero_channels_and_cut_th
                      "fused_bfloat_dense_add [64,24]x[3,12,16,2]"], names
     x = np.random.default_rng(5).uniform(-1, 1, (1, 8, 8, 16)).astype(np.float32)
     [got] = run(exe, ex.network, [x], PORTABLE)
-    xp, w = np.pad(bf16(x), ((0, 0), (1, 1), (1, 1), (0, 0))), bf16(params["w"])
-    c = np.maximum(sum(xp[:, i:i + 8, j:j + 8, :] @ w[i, j] for i in range(3) for j in range(3)), 0)
+    c = np.maximum(np_conv(bf16(x), params["w"], 1), 0)
     want = bf16(c).reshape(64, 24) @ bf16(params["fc"]) + params["b"]
     assert got.shape == want.shape == (64, 40)
     assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()

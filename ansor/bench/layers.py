@@ -31,9 +31,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..arguments import PRECISIONS
 from ..errors import AnsorError
 from .docs import markdown_table
-from ..arguments import PRECISIONS
 from .peers import feed_name
 
 #: A task's name: its PrimFunc's op names, then its input shapes (``fused_conv2d_add [1,56,56,64]x[3,3,64,64]``).

@@ -90,19 +90,24 @@ def _vars_in(expr: relax.Expr) -> list[relax.Var]:
 
 def _on_bits_inputs(value: relax.Expr) -> list[relax.Var] | None:
     """The tensors an :data:`ON_BITS` call of float32 tensors reads, or None for any other expression."""
-    if not (isinstance(value, relax.Call) and getattr(value.op, "name", "") in ON_BITS):
+    if _op_name(value) not in ON_BITS:
         return None
     data = value.args[0]
     inputs = list(data.fields) if isinstance(data, relax.Tuple) else [data]
     if not all(isinstance(v, relax.Var) and getattr(v.ty, "dtype", "") == "float32" for v in inputs):
         return None
-    if getattr(value.op, "name", "") == _MAX_POOL and not value.attrs.layout == value.attrs.out_layout == "NHWC":
+    if _op_name(value) == _MAX_POOL and not value.attrs.layout == value.attrs.out_layout == "NHWC":
         return None
     return inputs
 
 
+def _op_name(value: relax.Expr) -> str:
+    """The Relax operator ``value`` calls (``relax.add``), or "" for anything else."""
+    return getattr(value.op, "name", "") if isinstance(value, relax.Call) else ""
+
+
 def _elementwise(value: relax.Expr) -> bool:
-    return isinstance(value, relax.Call) and getattr(value.op, "name", "") in ELEMENTWISE
+    return _op_name(value) in ELEMENTWISE
 
 
 def from_bf16_bits(bits: te.Tensor) -> te.Tensor:
@@ -169,8 +174,7 @@ class _Reads:
 
     def _computed_in_a_kernel(self, var: relax.Var) -> bool:
         value = self.bound.get(var)
-        return self.is_product(value) or _elementwise(value) or (
-            isinstance(value, relax.Call) and getattr(value.op, "name", "") in EPILOGUE_FUSABLE)
+        return self.is_product(value) or _op_name(value) in ELEMENTWISE | EPILOGUE_FUSABLE
 
 
 def max_pool_bits(bits: te.Tensor, out_shape: Sequence[int], pool_size: Sequence[int], strides: Sequence[int],
