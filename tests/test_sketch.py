@@ -481,3 +481,28 @@ def test_checks_in_threads_propose_what_checks_one_by_one_do(monkeypatch):
     assert threaded == serial
     assert [len(batch) for batch in serial[0]] == [8, 8] and serial[1]  # full batches, some programs refused
     assert not set(serial[0][0]) & serial[1]
+
+
+def test_each_intrinsics_sketches_get_a_program_measured_whatever_the_model_prefers():
+    """A model that ranks vdpbf16ps programs first (as the pretrained one, trained where no AMX existed,
+    did): the first search round still holds one AMX tile program, the next rounds only what it ranks."""
+    from ansor.log.measurement import MeasureInput, MeasureResult
+    from ansor.sketch.policy import SketchPolicy, family
+
+    class DotsFirst:
+        def predict(self, task, states):
+            return np.array([0.0 if any("amx" in f for f in family(s)) else 1.0 for s in states])
+
+        def update(self, inputs, results):
+            pass
+
+    task = SearchTask.from_workload("bf16-matmul-512", "llvm -mcpu=sapphirerapids -num-cores=2")
+    policy = SketchPolicy(task, DotsFirst(), seed=3)
+    first = policy.next_batch(8)
+    tiles = [s for s in first if "amx" in "".join(family(s))]
+    assert len(first) == 8 and len(tiles) == 1
+    policy.record([MeasureInput(task, s) for s in first], [MeasureResult((1e-3,), 0)] * len(first))
+    assert not any("amx" in "".join(family(s)) for s in policy.next_batch(8))
+    dots_only = SketchPolicy(SearchTask.from_workload("bf16-matmul-512", "llvm -mcpu=znver4 -num-cores=2"),
+                             DotsFirst(), seed=3)
+    assert {family(s) for s in dots_only.next_batch(8)} == {("ansor_avx512bf16_dot_16x2",)}

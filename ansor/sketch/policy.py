@@ -17,6 +17,7 @@ from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from ..state.loop_state import State
+from ..state.transform_steps import TensorizeStep
 from ..log.measurement import MeasureInput, MeasureResult
 from ..task.search_task import SearchTask
 from .evolution import EvolutionParams, evolutionary_search
@@ -38,6 +39,11 @@ def _checkers() -> Optional[ThreadPoolExecutor]:
     """
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return ThreadPoolExecutor(cpus, thread_name_prefix="ansor-check") if cpus > 1 else None
+
+
+def family(state: State) -> tuple[str, ...]:
+    """The tensor intrinsics a program is built around (none for most): which kind of sketch it comes from."""
+    return tuple(sorted({step.intrin for step in state.steps if isinstance(step, TensorizeStep)}))
 
 
 @dataclass
@@ -62,6 +68,8 @@ class SketchPolicy:
         self.space = space_of(task.target)
         self.sketches = generate_sketches(task, extra_rules=tuple(extra_rules))
         self.measured: set = set()
+        self._families = {family(s) for s in self.sketches}
+        self._tried: set = set()  # the families of measured programs
         self._best: list[tuple[float, int, State]] = []  # the 64 fastest: a min-heap on -cost pops the slowest
         self._counter = 0
         self._first = list(first)  # a network task's default schedule, the database's seeds: see next_batch
@@ -71,6 +79,7 @@ class SketchPolicy:
         """Remember what was measured so it is never proposed again and good programs seed evolution."""
         for inp, res in zip(inputs, results):
             self.measured.add(inp.state.key())
+            self._tried.add(family(inp.state))
             if res.ok:
                 self._counter += 1
                 heapq.heappush(self._best, (-res.mean_cost, self._counter, inp.state))
@@ -94,6 +103,7 @@ class SketchPolicy:
             self._first = list(first)  # what the batch had no room for
         if batch:
             return batch
+        self._one_of_each_family(batch, keys)
         p = self.params
         population = sample_initial_population(self.task, self.sketches, p.init_population, self.rng,
                                                exclude=self.measured)
@@ -107,6 +117,19 @@ class SketchPolicy:
         self._add_valid(sample_initial_population(self.task, self.sketches, n - len(batch), self.rng,
                                                   exclude=self.measured | keys), batch, keys, n)
         return batch
+
+    def _one_of_each_family(self, batch: list[State], keys: set) -> None:
+        """Where a task's sketches are built around different intrinsics (a bf16 product on AMX: tile
+        products and vdpbf16ps), one random program of each family not measured yet, whatever the model
+        predicts: the pretrained model was trained where no AMX existed. Without this, 64 trials of
+        bf16-matmul-512 on a Xeon with AMX measured vdpbf16ps only (94 GFLOPS); any random tile program ran
+        5-10x faster, and a cold start found 720 GFLOPS."""
+        if len(self._families) < 2:
+            return
+        for fam in sorted(self._families - self._tried):
+            sketches = [s for s in self.sketches if family(s) == fam]
+            sample = sample_initial_population(self.task, sketches, 1, self.rng, exclude=self.measured | keys)
+            self._add_valid(sample, batch, keys, len(batch) + 1)
 
     def _add_valid(self, states: Iterable[State], batch: list[State], keys: set, limit: int) -> None:
         """Add ``states``, in order, to ``batch`` until it holds ``limit``, each unless the search space's
