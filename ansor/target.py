@@ -125,8 +125,13 @@ def _parse_cli(text: str) -> dict[str, Any]:
             raise TargetError(f"bad target option {word!r} in {text!r}: use -key=value; "
                               f"examples: {', '.join(TARGET_EXAMPLES)}")
         key, value = word.lstrip("-").split("=", 1)
-        config[key] = int(value) if value.isdigit() else value
+        config[key] = value.split(",") if key in _LIST_OPTIONS else int(value) if value.isdigit() else value
     return config
+
+
+#: Target options TVM takes as lists, typed comma-separated as LLVM's own tools take them (and as
+#: :func:`target_label` prints them): ``-mattr=+avx512bf16,+amx-tile``.
+_LIST_OPTIONS = ("mattr", "keys", "libs")
 
 
 def target_to_str(target: tvm.target.Target) -> str:

@@ -16,7 +16,7 @@ import pytest
 import tvm
 
 from ansor.host_cpu import FLAG_FEATURES, MachineFacts, MatrixUnit, cache_sizes, host_cpu, parse_cpuinfo
-from ansor.target import host_target, parse_target
+from ansor.target import host_target, parse_target, target_label
 
 DATA = Path(__file__).parent / "data" / "cpuinfo"
 
@@ -39,6 +39,17 @@ def test_a_xeon_named_rocketlake_gets_its_matrix_units_from_the_flags():
     target = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": mattr, "num-cores": 2})
     assert all(has(target, f) for f in ("avx512bf16", "amx-tile", "amx-bf16", "avx512f"))
     assert "AVX512_BF16, AMX" in xeon.describe()
+
+
+def test_the_target_a_first_line_prints_can_be_typed_back():
+    """``ansor`` names its target as ``llvm -mcpu=rocketlake -mattr=+avx512bf16,+amx-tile,...``; a user who
+    passes that to --target gets the same target, its features a list as TVM takes them."""
+    xeon = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake", "num-cores": 2,
+                              "mattr": list(recorded("xeon-amx.txt").mattr("rocketlake"))})
+    label = target_label(xeon)
+    assert "-mattr=+" in label and str(parse_target(label)) == str(xeon)
+    typed = parse_target("llvm -mcpu=skylake-avx512 -mattr=+avx512bf16,+amx-tile")
+    assert has(typed, "avx512bf16") and has(typed, "amx-tile")
 
 
 def test_flags_and_llvm_agree_on_zen3_so_its_target_is_unchanged():
