@@ -441,3 +441,29 @@ def test_a_3d_convolution_runs_on_tiles_of_its_rows(emulator):
         got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
         assert np.abs(got - want).max() <= 864 * 2.0 ** -23 * np.abs(want).max()  # the fp32 sums' order
         assert ran.products == 4 * 16 * 2 * 27  # rows of 16 pixels x 2 channel groups x 27 taps
+
+
+@pytest.mark.parametrize("kernel, unfolded", [(7, [32, 38, 16, 32]), (3, [32, 16, 16, 32])])
+def test_an_rgb_stem_runs_on_tiles_with_its_taps_unfolded_into_channels(emulator, kernel, unfolded):
+    """A stride-2 stem over 3 channels fills no tile's 32-channel reduction; its taps unfolded do: a 7x7
+    one's rows of taps (21 values as 32, a 7x1 convolution over the padded rows), a 3x3 one's all (27 as
+    32, a 1x1 convolution). Its AMX programs, on emulated tiles, compute numpy's convolution."""
+    from ansor.networks.bf16 import unfold_weight
+    rng = np.random.default_rng(kernel)
+    pad = kernel // 2
+    x, w = rng.random((1, 32, 32, 3), dtype=np.float32), rng.random((kernel, kernel, 3, 32), dtype=np.float32)
+    net = conv_network((1, 32, 32, 3), (kernel, kernel, 3, 32), strides=2, padding=pad)
+    [task] = [t.task for t in extract(as_network(net, {"w": w}), AMX, precision=Precision.BF16).tasks]
+    [a16] = [st for st in task.compute_dag.init_state().stages if st.name == "A16"]
+    assert [it.extent for it in a16.iters] == [1, *unfolded[1:]]
+    taps = kernel if kernel == 7 else kernel * kernel
+    arrays = [x, pack_weight(unfold_weight(w, taps)), np.zeros((1, 16, 16, 32), np.float32)]
+    xp = np.pad(bf16_bits_to_f32(round_to_bf16(x)).astype(np.float64), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    wb = bf16_bits_to_f32(round_to_bf16(w)).astype(np.float64)
+    want = sum(xp[:, i:i + 32:2, j:j + 32:2, :] @ wb[i, j] for i in range(kernel) for j in range(kernel))
+    tile = TENSORIZE + BF16Intrin.AMX_TILE_16x16x32.value
+    sketches = [s for s in generate_sketches(task) if any(it.annotation == tile for st in s.stages for it in st.iters)]
+    for mod in lowered_kernels(task, sample_initial_population(task, sketches, 2, random.Random(1))):
+        got, ran = run_emulated(emulator, keep_tiles_in(mod), arrays)
+        assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * want.max()
+        assert ran.products == 16 * 2 * (kernel if kernel == 7 else 1)  # rows x output tiles x tap rows

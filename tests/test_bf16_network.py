@@ -251,6 +251,33 @@ def test_an_amx_target_pads_a_products_rows_columns_and_reduction_and_cuts_the_o
     assert np.abs(plain - want).max() <= 14 * 2.0 ** -23 * want.max()
 
 
+def dense_network(rows: tuple[int, ...], k: int, n: int) -> tvm.IRModule:
+    """A network that is one dense layer (a matmul by a constant weight ``w``) of an input of ``rows``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((*rows, k), "float32"))
+    w = relax.Var("w", relax.TensorType((k, n), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+@pytest.mark.parametrize("rows", [(1, 50), (50, 1)])
+def test_a_dense_layers_rows_are_padded_for_amx_in_whichever_leading_dimension_holds_them(rows):
+    """ViT's attention projects [197, 1, 768] (sequence first, as torch's MultiheadAttention), its MLP
+    [1, 197, 768]: both run on rows padded to tiles (50 as 56), and compute numpy's bf16 product, on this CPU."""
+    rng = np.random.default_rng(2)
+    x, w = rng.uniform(0, 1, (*rows, 64)).astype(np.float32), rng.uniform(0, 1, (64, 32)).astype(np.float32)
+    [task] = [t.task for t in extract(as_network(dense_network(rows, 64, 32), {"w": w}), AMX, precision=BF16).tasks]
+    assert "S56" in str(task.compute_dag)
+    assert any(intrinsics_of(s) == [BF16Intrin.AMX_TILE_14x16x32.value] for s in generate_sketches(task))
+    plain = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
+                                [x, pack_weight(w), np.zeros((*rows, 32), np.float32)])[-1]
+    want = bf16(x) @ bf16(w)
+    assert np.abs(plain - want).max() <= 64 * 2.0 ** -23 * want.max()
+
+
 def test_a_network_keeps_fp32_where_the_unit_does_not_fit_and_stays_near_fp32():
     params = params_of(Small)
     ex, exe = default_build(Small, params, PORTABLE)
@@ -440,18 +467,20 @@ def test_network_bf16_on_a_cpu_without_the_unit_is_one_error_line(case, no_unit_
 Stem = conv_network((1, 16, 16, 3), (7, 7, 3, 16), strides=2, padding=3)  # an RGB stem: an odd reduction
 
 
-@pytest.mark.parametrize("target", [PORTABLE, AMX], ids=["vdpbf16ps", "amx-phases"])
-def test_an_rgb_stem_reads_a_zero_fourth_channel(target):
-    """Its 3 channels are rounded into an A16 of 4, the fourth zero, and the weight packed in 2 k pairs (for
-    AMX too, where the strided convolution reads its input in phases)."""
+@pytest.mark.parametrize("target, channels, pairs", [(PORTABLE, 4, 2), (AMX, 32, 16)], ids=["vdpbf16ps", "amx"])
+def test_an_rgb_stem_reads_zero_channels_past_its_three(target, channels, pairs):
+    """Its 3 channels are rounded into an A16 of 4, the fourth zero, and the weight packed in 2 k pairs; for
+    AMX each row of its 7 taps is unfolded into 32 channels (21 values, then zeros: 16 k pairs), which a
+    tile's 32-channel reduction takes (test_amx_tiles runs it)."""
     [extracted] = extract(as_network(Stem, params_of(Stem)), target, precision=BF16).tasks
     task = extracted.task
     assert "bfloat_conv2d" in extracted.name
     a16 = str(task.compute_dag).splitlines()[0]
-    assert a16.startswith("A16[") and a16.rstrip().endswith(":S4]"), a16
-    assert "< T.int64(3)" in program.schedule(task, None)["main"].script()  # x read only below channel 3
+    assert a16.startswith("A16[") and a16.rstrip().endswith(f":S{channels}]"), a16
+    values = 3 if target is PORTABLE else 21  # x read only below channel 3; the taps row's values only
+    assert f"< T.int64({values})" in program.schedule(task, None)["main"].script()
     [packed] = [a for a in program.random_inputs(task) if a.dtype == np.uint16]
-    assert packed.shape[-3:] == (2, 16, 2)
+    assert packed.shape[-3:] == (pairs, 16, 2)
 
 
 def test_an_rgb_stem_computes_the_bf16_product_of_its_three_channels():

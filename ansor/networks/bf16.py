@@ -20,7 +20,10 @@ For a target with AMX, the rows of a dense layer or of a product of two activati
 divide (ViT's 197 tokens) are padded to the multiple of a tile's rows that takes the fewest tiles
 (:func:`amx_padded_rows`): the product runs on 208 rows, the output is its first 197; and a
 strided convolution reads its input in phases (:func:`_phased_conv_product`), so that a row of its outputs
-reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads).
+reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads). A
+convolution of fewer input channels than a tile's 32 (an RGB stem) unfolds its taps into ``A16``'s channels
+instead (:func:`_unfolded_conv_product`): all of them (a 3x3 stem's 27 values as 32), or each row of taps
+(ResNet-50's 7x7: 21 as 32), where they fill the tile's 32 at most twice over.
 
 A grouped convolution whose groups tile 16 output channels (RegNet's and ResNeXt's) is a product of 16-channel
 blocks, each reading the input channels of its groups, its weight zero outside each output channel's group
@@ -49,7 +52,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from ..state.tensor_intrin import AMX_ROWS, BF16_BITS, bf16_bits_to_f32, bf16_to_f32, round_to_bf16
+from ..state.tensor_intrin import AMX_DEPTH, AMX_ROWS, BF16_BITS, bf16_bits_to_f32, bf16_to_f32, round_to_bf16
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_bits_where, bf16_matmul, bf16_rounded, unpadded
 from .bf16_storage import Product, store_bits
 from .calls import called_prim_func, mutate_relax_functions
@@ -83,6 +86,13 @@ MAX_GROUP_WASTE = 2
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
+#: How many more products a convolution of few input channels (a stem) may compute unfolded for AMX tiles
+#: (:func:`unfolded_taps`): ResNet-50's 7x7 stem reads 21 values a tap row, 32 unfolded (+52 %), and took 2.00 of
+#: 10.75 ms on vdpbf16ps in phases (Xeon with AMX, 10 minutes of tuning).
+MAX_UNFOLD_WASTE = 2.0
+#: The most values an unfolded row of taps may hold (a stem's RGB channels times its taps): more read too
+#: many bytes of ``A16`` for each one of the activation.
+MAX_UNFOLDED = 64
 #: The fewest input channels an odd count is padded with a zero channel from: ResNet-50's RGB stem (3 as 4, a
 #: third more products) took 0.89 ms in bf16 against 1.26 in fp32 (Zen 4, 64 trials each); 1 would double them.
 MIN_ODD_CHANNELS = 3
@@ -233,7 +243,7 @@ class _BF16Products(relax.PyExprMutator):
                                  dilation, name="bfloat_group_conv2d")
         if not (ungrouped_nhwc(call) or ungrouped_ndhwc(call)):
             return None
-        channels = weight.shape[-1]
+        channels, wide = weight.shape[-1], whole_lanes(weight)
         weight = whole_lanes(even_channels(weight))
         if not packable(weight):
             return None
@@ -243,6 +253,11 @@ class _BF16Products(relax.PyExprMutator):
             return self._product(_conv_product, call.args[0], _packed(weight), taps, strides, padding, dilation,
                                  channels, name="bfloat_conv3d")
         width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
+        unfold = self.amx and unfolded_taps(wide.shape, strides, dilation, width)
+        if unfold:
+            unfolded = unfold_weight(wide, unfold)
+            return self._product(_unfolded_conv_product, call.args[0], _packed(unfolded), taps, strides, padding,
+                                 unfold, channels, name="bfloat_conv2d")
         if self.amx and phased(taps, strides, dilation, width):
             return self._product(_phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
                                  taps, strides, padding, channels, name="bfloat_conv2d")
@@ -257,11 +272,13 @@ class _BF16Products(relax.PyExprMutator):
                 or shape[-1] != weight.shape[0]):
             return None
         self.denses += 1
-        rows = shape[-2] if len(shape) > 1 else 1
-        # Rows of several leading dimensions become one (networks.flatten): padding the last would stop that.
-        alone = int(np.prod(shape[:-1])) == rows
-        rows = (self.amx and alone and amx_padded_rows(rows)) or rows
-        return self._product(_dense_product, data, _packed(weight), rows, columns, name="bfloat_dense")
+        lead = list(shape[:-1])
+        # Rows of several leading dimensions become one (networks.flatten): only where one dimension holds
+        # them all (ViT's [1, 197, 768], and [197, 1, 768] before its attention) can padding it pad them.
+        rows = [d for d in lead if d != 1]
+        if self.amx and len(rows) == 1 and amx_padded_rows(rows[0]):
+            lead[lead.index(rows[0])] = amx_padded_rows(rows[0])
+        return self._product(_dense_product, data, _packed(weight), tuple(lead), columns, name="bfloat_dense")
 
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
         a, b = (_static_shape(x) for x in call.args[:2])
@@ -466,16 +483,87 @@ def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, in
         axis=[qy, py, qx, px, rc]), name="conv_bf16"), channels)
 
 
-def _dense_product(data: te.Tensor, packed: te.Tensor, rows: int, columns: int) -> te.Tensor:
-    """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight, on ``rows``
-    rows: more than ``data`` has pads it with zero rows, computed and never read; the output is cut back to
-    ``data``'s rows and ``columns`` (without :func:`whole_lanes`' zero columns)."""
+def unfolded_taps(shape: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> int:
+    """How many of a 2-D convolution's taps (``shape``: its HWIO weight) an AMX target unfolds into ``A16``'s
+    channels (:func:`_unfolded_conv_product`): all of them where their values fit :data:`MAX_UNFOLDED`
+    (MobileNet's 3x3 RGB stem: 27 as 32), else each row of taps (ResNet-50's 7x7: 21 as 32, ViT-B/16's 16x16
+    patches: 48 as 64), padded to whole tiles' 32 with at most :data:`MAX_UNFOLD_WASTE` times the products;
+    0 (not unfolded) where the channels fill a tile as they are, no tile's rows divide the output's, or
+    dilation spreads the taps."""
+    kh, kw, ci, _ = shape
+    out_w = (width - kw) // strides[1] + 1
+    if ci >= AMX_DEPTH or list(dilation) != [1, 1] or all(out_w % m for m in AMX_ROWS):
+        return 0
+    for taps in (kh * kw, kw):
+        values = taps * ci
+        if values <= MAX_UNFOLDED and padded_channels(values, AMX_DEPTH) <= MAX_UNFOLD_WASTE * values:
+            return taps
+    return 0
+
+
+def unfold_weight(weight: np.ndarray, taps: int) -> np.ndarray:
+    """An HWIO weight ``[KH, KW, CI, CO]`` as the weight of its unfolded convolution (:func:`unfolded_taps`):
+    ``[KH, 1, K, CO]`` (a row of taps unfolded) or ``[1, 1, K, CO]`` (all), each tap's channels in turn along
+    ``K`` and zeros after them up to a multiple of 32."""
+    kh, kw, ci, co = weight.shape
+    rows = weight.reshape(kh if taps == kw else 1, 1, taps * ci, co)
+    wide = padded_channels(taps * ci, AMX_DEPTH)
+    return np.concatenate([rows, np.zeros((*rows.shape[:2], wide - taps * ci, co), weight.dtype)], axis=2)
+
+
+def _unfolded_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
+                           padding: list[int], unfold: int, channels: int) -> te.Tensor:
+    """A convolution of few input channels (AMX targets) with ``unfold`` of its taps in ``A16``'s channels:
+    ``A16[b, y, x, (t, c)]`` is the padded pixel that output ``(y, x)``'s tap ``t`` reads, channel ``c`` (all
+    taps unfolded: a 1x1 convolution over them), or, a row of taps unfolded, that output column's tap ``t``
+    in padded input row ``y`` (a ``KH x 1`` convolution of vertical stride ``sy`` over them). Consecutive
+    outputs of a row then read a box of ``A16``, 32 or 64 channels deep, as AMX tiles take it, where the
+    activation holds 3 channels a pixel, strided."""
+    n, h, w, ci = (int(d) for d in data.shape)
+    k = int(packed.shape[-3]) * BF16_PAIR
+    (kh, kw), (sy, sx) = taps, strides
+    top, left, bottom, right = padding
+    out_h, out_w = (h + top + bottom - kh) // sy + 1, (w + left + right - kw) // sx + 1
+    full = unfold == kh * kw
+
+    def rounded(b, y, x, j):
+        t, c = j // ci, j % ci
+        yy = (y * sy + t // kw if full else y) - top
+        xx = x * sx + t % kw - left
+        return bf16_bits_where([j < unfold * ci, yy >= 0, yy < h, xx >= 0, xx < w], data(b, yy, xx, c))
+
+    a16 = te.compute((n, out_h if full else h + top + bottom, out_w, k), rounded, name="A16")
+    rc = te.reduce_axis((0, k), name="rc")
+    ry = 0 if full else te.reduce_axis((0, kh), name="ry")
+    axes = [rc] if full else [ry, rc]
+    return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
+        bf16_to_f32(a16[b, y if full else y * sy + ry, x, rc]) * bf16_to_f32(
+            packed[o // BF16_LANES, ry, 0, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
+        axis=axes), name="conv_bf16"), channels)
+
+
+def _dense_product(data: te.Tensor, packed: te.Tensor, padded: tuple[int, ...], columns: int) -> te.Tensor:
+    """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight, its leading
+    dimensions ``padded``: more rows than ``data`` has pads it with zero rows, computed and never read, in a
+    product without the unit dimensions after the padded one (rows then columns, as a tile product takes
+    them: ``[197, 1, 768]`` on 208 rows); the output is cut back to ``data``'s rows and ``columns`` (without :func:`whole_lanes`' zero columns)."""
     *lead, k = (int(d) for d in data.shape)
-    padded = [*lead[:-1], rows] if lead else []
-    a16 = bf16_rounded(data, (*padded, k))
+    grown = [j for j, (p, d) in enumerate(zip(padded, lead)) if p != d]
+    rows = [j for j in range(len(lead)) if not grown or j <= grown[0] or lead[j] != 1]
+
+    def a16_bits(*i):
+        index = [0] * len(lead)
+        for j, v in zip(rows, i):
+            index[j] = v
+        return bf16_bits_where([index[j] < lead[j] for j in rows if padded[j] != lead[j]], data(*index, i[-1]))
+
+    a16 = bf16_rounded(data, (*padded, k)) if len(rows) == len(lead) else te.compute(
+        (*(padded[j] for j in rows), k), a16_bits, name="A16")
     r = te.reduce_axis((0, k), name="k")
-    product = te.compute((*padded, packed.shape[0] * BF16_LANES), lambda *i: te.sum(
+    product = te.compute((*(padded[j] for j in rows), packed.shape[0] * BF16_LANES), lambda *i: te.sum(
         bf16_to_f32(a16(*i[:-1], r))
         * bf16_to_f32(packed[i[-1] // BF16_LANES, r // BF16_PAIR, i[-1] % BF16_LANES, r % BF16_PAIR]),
         axis=r), name="dense_bf16")
-    return unpadded(product, (*lead, columns), "dense_bf16_unpadded")
+    if len(rows) == len(lead):
+        return unpadded(product, (*lead, columns), "dense_bf16_unpadded")
+    return te.compute((*lead, columns), lambda *i: product(*(i[j] for j in rows), i[-1]), name="dense_bf16_unpadded")

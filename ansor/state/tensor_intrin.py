@@ -108,8 +108,10 @@ _LOOPS = {
 #: zoo's stride-1 convolutions are 112, 56, 28, 14, 7 (ResNet, MobileNet, ConvNeXt), 35, 17 or 8 (Inception)
 #: pixels wide, its matmuls' rows 128 or 197 tokens: 16 rows fit only 112 and 128.
 AMX_ROWS = (16, 14, 12, 8, 7)
+#: The reduction channels of one AMX tile product (a row of A: 64 bytes of bf16).
+AMX_DEPTH = 32
 _AMX_ROWS_OF = {BF16Intrin[f"AMX_TILE_{m}x16x32"]: m for m in AMX_ROWS}
-_LOOPS.update({intrin: ((m, IterKind.SPATIAL), (16, IterKind.SPATIAL), (32, IterKind.REDUCE))
+_LOOPS.update({intrin: ((m, IterKind.SPATIAL), (16, IterKind.SPATIAL), (AMX_DEPTH, IterKind.REDUCE))
                for intrin, m in _AMX_ROWS_OF.items()})
 
 
