@@ -546,7 +546,8 @@ def _dense_product(data: te.Tensor, packed: te.Tensor, padded: tuple[int, ...], 
     """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight, its leading
     dimensions ``padded``: more rows than ``data`` has pads it with zero rows, computed and never read, in a
     product without the unit dimensions after the padded one (rows then columns, as a tile product takes
-    them: ``[197, 1, 768]`` on 208 rows); the output is cut back to ``data``'s rows and ``columns`` (without :func:`whole_lanes`' zero columns)."""
+    them: ``[197, 1, 768]`` on 208 rows); the output is cut back to ``data``'s rows and ``columns`` (without
+    :func:`whole_lanes`' zero columns)."""
     *lead, k = (int(d) for d in data.shape)
     grown = [j for j, (p, d) in enumerate(zip(padded, lead)) if p != d]
     rows = [j for j in range(len(lead)) if not grown or j <= grown[0] or lead[j] != 1]
@@ -566,4 +567,5 @@ def _dense_product(data: te.Tensor, packed: te.Tensor, padded: tuple[int, ...], 
         axis=r), name="dense_bf16")
     if len(rows) == len(lead):
         return unpadded(product, (*lead, columns), "dense_bf16_unpadded")
-    return te.compute((*lead, columns), lambda *i: product(*(i[j] for j in rows), i[-1]), name="dense_bf16_unpadded")
+    return te.compute((*lead, columns), lambda *i: product(*(i[j] for j in rows), i[-1]),
+                      name="dense_bf16_unpadded")
