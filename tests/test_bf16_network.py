@@ -237,18 +237,23 @@ def test_dense_rows_no_tile_divides_are_padded_for_amx_within_an_eighth():
     assert padded_to(197, 16) == 208 and padded_to(197, 2) == 198 and padded_to(8, 16) is None  # 8 -> 16: +100 %
 
 
-def test_an_amx_target_pads_a_products_rows_columns_and_reduction_and_cuts_the_output_back():
-    """For AMX a product of 50 rows (no tile's rows divide them) runs on 56 x 14 x 32, zeros past 50 x 13 x 30 (4
-    tiles of 14 rows); its unscheduled program computes numpy's bf16 product, on this CPU."""
-    tall = product_of_two((1, 50, 13), (1, 13, 30))
+@pytest.mark.parametrize("k, depth", [(13, 14), (28, 32)])
+def test_an_amx_target_pads_a_products_rows_columns_and_reduction_and_cuts_the_output_back(k, depth):
+    """For AMX a product of 50 rows (no tile's rows divide them) runs on 56 rows and 32 columns (4 tiles of 14
+    rows), zeros past 50 x 30; a reduction of 28 on a tile's 32 channels (ViT's P V: 197 as 224), one of 13
+    in k pairs (32 would more than double it); its unscheduled program computes numpy's bf16 product, on this
+    CPU."""
+    tall = product_of_two((1, 50, k), (1, k, 30))
     [task] = [t.task for t in extract(as_network(tall, {}), AMX, precision=BF16).tasks]
-    assert "v_i1:S56, v_i2:S32, v_k:R14]" in str(task.compute_dag)
+    assert f"v_i1:S56, v_i2:S32, v_k:R{depth}]" in str(task.compute_dag)
+    tiles = [s for s in generate_sketches(task) if intrinsics_of(s) == [BF16Intrin.AMX_TILE_14x16x32.value]]
+    assert bool(tiles) == (depth == 32)
     rng = np.random.default_rng(6)
-    q, k = rng.uniform(0, 1, (1, 50, 13)).astype(np.float32), rng.uniform(0, 1, (1, 13, 30)).astype(np.float32)
+    q, k = rng.uniform(0, 1, (1, 50, k)).astype(np.float32), rng.uniform(0, 1, (1, k, 30)).astype(np.float32)
     plain = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
                                 [q, k, np.zeros((1, 50, 30), np.float32)])[-1]
     want = bf16(q) @ bf16(k)
-    assert np.abs(plain - want).max() <= 14 * 2.0 ** -23 * want.max()
+    assert np.abs(plain - want).max() <= depth * 2.0 ** -23 * want.max()
 
 
 def dense_network(rows: tuple[int, ...], k: int, n: int) -> tvm.IRModule:

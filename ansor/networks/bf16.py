@@ -75,6 +75,9 @@ BF16_VS_FP32_RTOL = 5e-2
 #: How much longer a product's rows (for AMX tiles), columns or reduction may be padded with zeros: ViT-B/16's
 #: 197 tokens as 208 (+5.6 %) put its linear layers on tiles and its attention products in bf16 (untimed here).
 MAX_PADDED_ROWS = 1 / 8
+#: How much longer, for AMX, a product of two activations' reduction may be padded to a tile's 32 channels:
+#: ViT-B/16's P V reduces over 197 tokens, as 198 on vdpbf16ps (5.35 of 52.0 ms, 142 GFLOPS), as 224 on tiles.
+MAX_PADDED_DEPTH = 1 / 4
 #: How many more output channels a convolution or dense layer may compute to fill whole 16-channel dot
 #: products (zero weights, the output cut back): up to half, as the bf16 unit does twice fp32's products an
 #: instruction. MobileNet-V3's 24, 40 and 72 channels as 32, 48 and 80; a classifier's 1000 as 1008.
@@ -286,7 +289,9 @@ class _BF16Products(relax.PyExprMutator):
                 or not all(map(_float32, call.args[:2]))):
             return None
         (m, k), n = a[-2:], b[-1]
-        padded = (self.amx and amx_padded_rows(m)) or m, padded_to(k, BF16_PAIR), padded_to(n, BF16_LANES)
+        depth = padded_channels(k, AMX_DEPTH) if self.amx else k
+        depth = depth if depth - k <= MAX_PADDED_DEPTH * k else padded_to(k, BF16_PAIR)
+        padded = (self.amx and amx_padded_rows(m)) or m, depth, padded_to(n, BF16_LANES)
         if None in padded:
             return None
         self.batched += 1
