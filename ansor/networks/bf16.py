@@ -289,8 +289,8 @@ class _BF16Products(relax.PyExprMutator):
                 or not all(map(_float32, call.args[:2]))):
             return None
         (m, k), n = a[-2:], b[-1]
-        depth = padded_channels(k, AMX_DEPTH) if self.amx else k
-        depth = depth if depth - k <= MAX_PADDED_DEPTH * k else padded_to(k, BF16_PAIR)
+        depth = padded_channels(k, AMX_DEPTH)  # a tile's 32 channels, for AMX; else (and past that) k pairs
+        depth = depth if self.amx and depth - k <= MAX_PADDED_DEPTH * k else padded_to(k, BF16_PAIR)
         padded = (self.amx and amx_padded_rows(m)) or m, depth, padded_to(n, BF16_LANES)
         if None in padded:
             return None
