@@ -256,6 +256,26 @@ def test_an_amx_target_pads_a_products_rows_columns_and_reduction_and_cuts_the_o
     assert np.abs(plain - want).max() <= depth * 2.0 ** -23 * want.max()
 
 
+@pytest.mark.parametrize("ci, depth", [(24, 32), (12, 12)])
+def test_an_amx_target_pads_input_channels_to_a_tiles_depth_within_twice_the_products(ci, depth):
+    """EfficientNet's 1x1 expansions read 24, 40, 80 or 112 channels, no tile's 32: for AMX 24 are read as 32,
+    the rest zero (A16 and weight), and tiles take them; 12 as 32 would be 2.7 times the products and stays
+    on vdpbf16ps. The unscheduled program computes numpy's bf16 convolution, on this CPU."""
+    net = conv_network((1, 14, 14, ci), (1, 1, ci, 32), strides=1, padding=0)
+    params = params_of(net)
+    [task] = [t.task for t in extract(as_network(net, params), AMX, precision=BF16).tasks]
+    assert f"S{depth}]" in str(task.compute_dag).splitlines()[0]
+    tiles = [s for s in generate_sketches(task) if intrinsics_of(s) == [BF16Intrin.AMX_TILE_14x16x32.value]]
+    assert bool(tiles) == (depth == 32)
+    x = np.random.default_rng(4).uniform(-1, 1, (1, 14, 14, ci)).astype(np.float32)
+    shapes = [a.shape for a in program.random_inputs(task)]  # the rows flattened as the network calls it
+    wide = np.concatenate([params["w"], np.zeros((1, 1, depth - ci, 32), np.float32)], axis=2)
+    plain = program.run_program(codegen.compile(program.schedule(task, None), tvm.target.Target("llvm")).jit(),
+                                [x.reshape(shapes[0]), pack_weight(wide), np.zeros(shapes[2], np.float32)])[-1]
+    want = (bf16(x) @ bf16(params["w"][0, 0])).reshape(shapes[2])
+    assert np.abs(plain - want).max() <= depth * 2.0 ** -23 * np.abs(want).max()
+
+
 def dense_network(rows: tuple[int, ...], k: int, n: int) -> tvm.IRModule:
     """A network that is one dense layer (a matmul by a constant weight ``w``) of an input of ``rows``."""
     bb = relax.BlockBuilder()

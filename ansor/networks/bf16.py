@@ -89,10 +89,11 @@ MAX_GROUP_WASTE = 2
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
-#: How many more products a convolution of few input channels (a stem) may compute unfolded for AMX tiles
-#: (:func:`unfolded_taps`): ResNet-50's 7x7 stem reads 21 values a tap row, 32 unfolded (+52 %), and took 2.00 of
-#: 10.75 ms on vdpbf16ps in phases (Xeon with AMX, 10 minutes of tuning).
-MAX_UNFOLD_WASTE = 2.0
+#: How many times its products a convolution may compute to fill whole tiles' 32 reduction channels (AMX):
+#: zero input channels (EfficientNet's 24 as 32), or a stem's taps unfolded (:func:`unfolded_taps`: ResNet-50's
+#: 7x7 reads 21 values a tap row, 32 unfolded, and took 2.00 of 10.75 ms on vdpbf16ps in phases; 0.35 on
+#: tiles; Xeon with AMX, 10 minutes of tuning). A tile product does 5-10x the work of vdpbf16ps a cycle.
+MAX_DEPTH_WASTE = 2.0
 #: The most values an unfolded row of taps may hold (a stem's RGB channels times its taps): more read too
 #: many bytes of ``A16`` for each one of the activation.
 MAX_UNFOLDED = 64
@@ -261,7 +262,12 @@ class _BF16Products(relax.PyExprMutator):
             unfolded = unfold_weight(wide, unfold)
             return self._product(_unfolded_conv_product, call.args[0], _packed(unfolded), taps, strides, padding,
                                  unfold, channels, name="bfloat_conv2d")
-        if self.amx and phased(taps, strides, dilation, width):
+        in_phases = self.amx and phased(taps, strides, dilation, width)
+        if self.amx and (in_phases or list(strides) == [1, 1] or tuple(taps) == (1, 1)):  # forms tiles take
+            height = int(call.args[0].ty.shape[1]) + padding[0] + padding[2]
+            out_h, out_w = ((size - t) // st + 1 for size, t, st in zip((height, width), taps, strides))
+            weight = tile_depth(weight, out_h * out_w if tuple(taps) == (1, 1) else out_w)
+        if in_phases:
             return self._product(_phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
                                  taps, strides, padding, channels, name="bfloat_conv2d")
         return self._product(_conv_product, call.args[0], _packed(weight), taps, strides, padding,
@@ -488,11 +494,23 @@ def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, in
         axis=[qy, py, qx, px, rc]), name="conv_bf16"), channels)
 
 
+def tile_depth(weight: np.ndarray, rows: int) -> np.ndarray:
+    """An HWIO weight with zero input channels up to a multiple of a tile's 32 (AMX), where a tile's rows
+    divide the output's ``rows`` (a row of pixels; a 1x1 convolution's, all of them) and the product grows
+    at most :data:`MAX_DEPTH_WASTE` times; else ``weight`` itself. ``A16`` reads zeros there too."""
+    ci = weight.shape[-2]
+    deep = padded_channels(ci, AMX_DEPTH)
+    if deep == ci or deep > MAX_DEPTH_WASTE * ci or all(rows % m for m in AMX_ROWS):
+        return weight
+    return np.concatenate([weight, np.zeros((*weight.shape[:-2], deep - ci, weight.shape[-1]), weight.dtype)],
+                          axis=-2)
+
+
 def unfolded_taps(shape: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> int:
     """How many of a 2-D convolution's taps (``shape``: its HWIO weight) an AMX target unfolds into ``A16``'s
     channels (:func:`_unfolded_conv_product`): all of them where their values fit :data:`MAX_UNFOLDED`
     (MobileNet's 3x3 RGB stem: 27 as 32), else each row of taps (ResNet-50's 7x7: 21 as 32, ViT-B/16's 16x16
-    patches: 48 as 64), padded to whole tiles' 32 with at most :data:`MAX_UNFOLD_WASTE` times the products;
+    patches: 48 as 64), padded to whole tiles' 32 with at most :data:`MAX_DEPTH_WASTE` times the products;
     0 (not unfolded) where the channels fill a tile as they are, no tile's rows divide the output's, or
     dilation spreads the taps."""
     kh, kw, ci, _ = shape
@@ -501,7 +519,7 @@ def unfolded_taps(shape: tuple[int, ...], strides: list[int], dilation: list[int
         return 0
     for taps in (kh * kw, kw):
         values = taps * ci
-        if values <= MAX_UNFOLDED and padded_channels(values, AMX_DEPTH) <= MAX_UNFOLD_WASTE * values:
+        if values <= MAX_UNFOLDED and padded_channels(values, AMX_DEPTH) <= MAX_DEPTH_WASTE * values:
             return taps
     return 0
 
