@@ -89,10 +89,9 @@ MAX_GROUP_WASTE = 2
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
-#: How many times its products a convolution may compute to fill whole tiles' 32 reduction channels (AMX):
-#: zero input channels (EfficientNet's 24 as 32), or a stem's taps unfolded (:func:`unfolded_taps`: ResNet-50's
-#: 7x7 reads 21 values a tap row, 32 unfolded, and took 2.00 of 10.75 ms on vdpbf16ps in phases; 0.35 on
-#: tiles; Xeon with AMX, 10 minutes of tuning). A tile product does 5-10x the work of vdpbf16ps a cycle.
+#: How many times its products a convolution may compute to fill tiles' 32 reduction channels (AMX): zero input
+#: channels (24 as 32), or a stem's taps unfolded (ResNet-50's 7x7: 21 values a tap row as 32; 2.00 ms of 10.75
+#: on vdpbf16ps in phases, 0.35 on tiles; Xeon with AMX, 10 minutes of tuning).
 MAX_DEPTH_WASTE = 2.0
 #: The most values an unfolded row of taps may hold (a stem's RGB channels times its taps): more read too
 #: many bytes of ``A16`` for each one of the activation.
