@@ -134,6 +134,13 @@ def packable(weight: np.ndarray) -> bool:
     return weight.dtype == np.float32 and weight.shape[-1] % BF16_LANES == 0 and weight.shape[-2] % BF16_PAIR == 0
 
 
+def zeros_after(weight: np.ndarray, axis: int, size: int) -> np.ndarray:
+    """``weight`` with zeros appended along ``axis`` up to ``size``."""
+    shape = list(weight.shape)
+    shape[axis] = size - shape[axis]
+    return np.concatenate([weight, np.zeros(shape, weight.dtype)], axis=axis)
+
+
 def whole_lanes(weight: np.ndarray) -> np.ndarray:
     """A ``[..., K, N]`` weight with zero output channels added up to a multiple of 16, where that adds at most
     :data:`MAX_PADDED_CHANNELS`; else ``weight`` itself (then not :func:`packable`)."""
@@ -141,7 +148,7 @@ def whole_lanes(weight: np.ndarray) -> np.ndarray:
     wide = padded_channels(n, BF16_LANES)
     if wide == n or wide - n > MAX_PADDED_CHANNELS * n:
         return weight
-    return np.concatenate([weight, np.zeros((*weight.shape[:-1], wide - n), weight.dtype)], axis=-1)
+    return zeros_after(weight, -1, wide)
 
 
 def block_diagonal(weight: np.ndarray, groups: int) -> Optional[tuple[np.ndarray, int]]:
@@ -175,7 +182,7 @@ def even_channels(weight: np.ndarray) -> np.ndarray:
     ci = weight.shape[-2]
     if ci % BF16_PAIR == 0 or ci < MIN_ODD_CHANNELS:
         return weight
-    return np.concatenate([weight, np.zeros_like(weight[..., :1, :])], axis=-2)
+    return zeros_after(weight, -2, ci + 1)
 
 
 def _channel_bits(data: te.Tensor, channels: int, inside: list, *index) -> tvm.tirx.PrimExpr:
@@ -247,7 +254,7 @@ class _BF16Products(relax.PyExprMutator):
         if not (ungrouped_nhwc(call) or ungrouped_ndhwc(call)):
             return None
         channels, wide = weight.shape[-1], whole_lanes(weight)
-        weight = whole_lanes(even_channels(weight))
+        weight = even_channels(wide)
         if not packable(weight):
             return None
         self.convs += 1
@@ -284,8 +291,8 @@ class _BF16Products(relax.PyExprMutator):
         # Rows of several leading dimensions become one (networks.flatten): only where one dimension holds
         # them all (ViT's [1, 197, 768], and [197, 1, 768] before its attention) can padding it pad them.
         rows = [d for d in lead if d != 1]
-        if self.amx and len(rows) == 1 and amx_padded_rows(rows[0]):
-            lead[lead.index(rows[0])] = amx_padded_rows(rows[0])
+        if self.amx and len(rows) == 1 and (tiled := amx_padded_rows(rows[0])):
+            lead[lead.index(rows[0])] = tiled
         return self._product(_dense_product, data, _packed(weight), tuple(lead), columns, name="bfloat_dense")
 
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
@@ -294,8 +301,8 @@ class _BF16Products(relax.PyExprMutator):
                 or not all(map(_float32, call.args[:2]))):
             return None
         (m, k), n = a[-2:], b[-1]
-        depth = padded_channels(k, AMX_DEPTH)  # a tile's 32 channels, for AMX; else (and past that) k pairs
-        depth = depth if self.amx and depth - k <= MAX_PADDED_DEPTH * k else padded_to(k, BF16_PAIR)
+        tile_k = padded_channels(k, AMX_DEPTH)  # a tile's 32 channels, for AMX; else (and past that) k pairs
+        depth = tile_k if self.amx and tile_k - k <= MAX_PADDED_DEPTH * k else padded_to(k, BF16_PAIR)
         padded = (self.amx and amx_padded_rows(m)) or m, depth, padded_to(n, BF16_LANES)
         if None in padded:
             return None
@@ -432,12 +439,17 @@ def padded_to(extent: int, multiple: int) -> Optional[int]:
     return padded if padded - extent <= MAX_PADDED_ROWS * extent else None
 
 
+def fits_tiles(rows: int) -> bool:
+    """Whether a tile's rows (:data:`AMX_ROWS`) divide a product's ``rows``."""
+    return any(rows % m == 0 for m in AMX_ROWS)
+
+
 def amx_padded_rows(rows: int) -> Optional[int]:
     """The rows a product of ``rows`` rows computes on a target with AMX, where no tile's rows (``AMX_ROWS``)
     divide them: the next multiple of a tile's rows that adds at most :data:`MAX_PADDED_ROWS`, in the fewest
     tiles (ViT's 197 tokens, a prime: 208, 13 tiles of 16; 50 rows: 56, 4 of 14); None where a tile fits,
     padding would cost more, or there are fewer than 16 (a handful of rows is not worth a tile)."""
-    if rows < 16 or any(rows % m == 0 for m in AMX_ROWS):
+    if rows < 16 or fits_tiles(rows):
         return None
     fits = [(padded // m, -m, padded) for m in AMX_ROWS if (padded := padded_to(rows, m)) is not None]
     return min(fits)[2] if fits else None
@@ -450,7 +462,7 @@ def phased(taps: tuple[int, ...], strides: list[int], dilation: list[int], width
     form would only add products to ``vdpbf16ps``)."""
     if list(dilation) != [1, 1] or list(strides) == [1, 1] or all(k <= s for k, s in zip(taps, strides)):
         return False
-    if all(((width - taps[1]) // strides[1] + 1) % m for m in AMX_ROWS):
+    if not fits_tiles((width - taps[1]) // strides[1] + 1):
         return False
     return np.prod([-(-k // s) * s / k for k, s in zip(taps, strides)]) <= MAX_PHASE_WASTE
 
@@ -499,10 +511,9 @@ def tile_depth(weight: np.ndarray, rows: int) -> np.ndarray:
     at most :data:`MAX_DEPTH_WASTE` times; else ``weight`` itself. ``A16`` reads zeros there too."""
     ci = weight.shape[-2]
     deep = padded_channels(ci, AMX_DEPTH)
-    if deep == ci or deep > MAX_DEPTH_WASTE * ci or all(rows % m for m in AMX_ROWS):
+    if deep == ci or deep > MAX_DEPTH_WASTE * ci or not fits_tiles(rows):
         return weight
-    return np.concatenate([weight, np.zeros((*weight.shape[:-2], deep - ci, weight.shape[-1]), weight.dtype)],
-                          axis=-2)
+    return zeros_after(weight, -2, deep)
 
 
 def unfolded_taps(shape: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> int:
@@ -514,7 +525,7 @@ def unfolded_taps(shape: tuple[int, ...], strides: list[int], dilation: list[int
     dilation spreads the taps."""
     kh, kw, ci, _ = shape
     out_w = (width - kw) // strides[1] + 1
-    if ci >= AMX_DEPTH or list(dilation) != [1, 1] or all(out_w % m for m in AMX_ROWS):
+    if ci >= AMX_DEPTH or list(dilation) != [1, 1] or not fits_tiles(out_w):
         return 0
     for taps in (kh * kw, kw):
         values = taps * ci
@@ -528,9 +539,8 @@ def unfold_weight(weight: np.ndarray, taps: int) -> np.ndarray:
     ``[KH, 1, K, CO]`` (a row of taps unfolded) or ``[1, 1, K, CO]`` (all), each tap's channels in turn along
     ``K`` and zeros after them up to a multiple of 32."""
     kh, kw, ci, co = weight.shape
-    rows = weight.reshape(kh if taps == kw else 1, 1, taps * ci, co)
-    wide = padded_channels(taps * ci, AMX_DEPTH)
-    return np.concatenate([rows, np.zeros((*rows.shape[:2], wide - taps * ci, co), weight.dtype)], axis=2)
+    return zeros_after(weight.reshape(kh if taps == kw else 1, 1, taps * ci, co), 2,
+                       padded_channels(taps * ci, AMX_DEPTH))
 
 
 def _unfolded_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],

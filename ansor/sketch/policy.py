@@ -68,7 +68,9 @@ class SketchPolicy:
         self.space = space_of(task.target)
         self.sketches = generate_sketches(task, extra_rules=tuple(extra_rules))
         self.measured: set = set()
-        self._families = {family(s) for s in self.sketches}
+        self._families: dict[tuple[str, ...], list[State]] = {}  # each family's sketches
+        for sketch in self.sketches:
+            self._families.setdefault(family(sketch), []).append(sketch)
         self._tried: set = set()  # the families of measured programs
         self._best: list[tuple[float, int, State]] = []  # the 64 fastest: a min-heap on -cost pops the slowest
         self._counter = 0
@@ -126,9 +128,9 @@ class SketchPolicy:
         5-10x faster, and a cold start found 720 GFLOPS."""
         if len(self._families) < 2:
             return
-        for fam in sorted(self._families - self._tried):
-            sketches = [s for s in self.sketches if family(s) == fam]
-            sample = sample_initial_population(self.task, sketches, 1, self.rng, exclude=self.measured | keys)
+        for fam in sorted(self._families.keys() - self._tried):
+            sample = sample_initial_population(self.task, self._families[fam], 1, self.rng,
+                                               exclude=self.measured | keys)
             self._add_valid(sample, batch, keys, len(batch) + 1)
 
     def _add_valid(self, states: Iterable[State], batch: list[State], keys: set, limit: int) -> None:
