@@ -14,7 +14,7 @@ import ray
 import tvm
 from tvm import te
 
-from ansor.task.program import time_module, time_runs
+from ansor.task.program import CACHE_FLUSH, time_module, time_runs
 from ansor.errors import AnsorError
 from ansor.measure import ErrorNo, MeasureInput, ProgramMeasurer
 from ansor.measure.builder import RayBuilder
@@ -325,6 +325,32 @@ def test_the_tuner_times_candidates_cold(local_ray):
     hot = time_module(module, arrays, repeat=3, min_repeat_ms=20, cold=False)
     assert result.mean_cost > 1.5 * hot, (result.costs, hot)
 
+
+
+@pytest.mark.timing
+def test_a_repeat_counts_the_flushes_in_its_time(local_ray):
+    """A candidate's timing takes about repeat x min_repeat_ms of wall time even where flushing its operands
+    costs far more than running it (a Xeon flushed 8 MB in 5.4 ms): a kernel that reads 16 floats of a 64 MiB
+    operand, timed with the default 15 ms repeats, would flush 3 x 200 times if only the kernel's time
+    counted (it fails then: 600 flushes against the bound of 10 below)."""
+    words = 16 << 20
+    x = te.placeholder((1,), name="x")
+    a = te.placeholder((words,), name="a")
+    out = te.compute((16,), lambda i: a[i * (words // 16)] + x[0], name="out")
+    task = SearchTask(te.create_prim_func([x, a, out]), "llvm")
+    inp = MeasureInput(task, task.compute_dag.init_state())
+    with ProgramMeasurer(check_correctness=False) as measurer:
+        measurer.measure([inp])  # the runner makes its inputs (64 MiB of random numbers) and keeps them
+        (result,) = measurer.measure([inp])
+        run = max((s for s in measurer.spans if s.kind == "run"), key=lambda s: s.start)
+    assert result.ok, result.error_msg
+    module = tvm.compile(te.create_prim_func([x, a, out]), target={"kind": "llvm"}).jit()
+    args = [tvm.runtime.tensor(np.ones(shape, "float32")) for shape in ((1,), (words,), (16,))]
+    timer = module.time_evaluator("main", tvm.cpu(), number=1, repeat=5, f_preproc=CACHE_FLUSH)
+    start = time.perf_counter()
+    timer(*args)
+    flush = (time.perf_counter() - start) / 5
+    assert run.end - run.start < 0.3 + 3 * 0.015 + 10 * flush, (run.end - run.start, flush)
 
 @pytest.mark.timing
 def test_flushed_timing_runs_every_run_cold():

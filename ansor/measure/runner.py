@@ -33,12 +33,15 @@ class RunConfig:
     """How a candidate is timed: the one definition of the timing defaults (``ProgramMeasurer``'s and
     ``ansor.RunnerOptions``' defaults are these fields).
 
-    The defaults time each candidate over ``repeat`` = 3 repeats of about ``min_repeat_ms`` = 15 ms each:
-    enough to rank candidates on a noisy machine while keeping a short run short (cv ~3 % on the best
-    matmul-512 candidates, 48 ms per candidate instead of ~210 ms with 3 x 40 ms and TVM's own loop; see
-    docs/design.md). Final numbers are re-timed for longer by the scripts. A first single run (the probe)
-    gives the count of runs per repeat, so a 10 µs kernel runs 1,500 times per repeat while a 50 ms one
-    runs once; ``number`` is the least count. With ``enable_cpu_cache_flush`` the CPU caches are flushed of
+    The defaults time each candidate over ``repeat`` = 3 repeats of about ``min_repeat_ms`` = 15 ms of wall
+    time each, the flushes below included: enough to rank candidates on a noisy machine while keeping a short
+    run short (cv ~3 % on the best matmul-512 candidates, 48 ms per candidate instead of ~210 ms with 3 x 40 ms
+    and TVM's own loop; see docs/design.md). Final numbers are re-timed for longer by the scripts. A first
+    single run (the probe), timed with its flush, gives the count of runs per repeat, so a 10 µs kernel runs
+    1,500 times per repeat while a 50 ms one runs once, and a kernel whose operands take longer to flush than
+    to run runs fewer times (on a 2-core Xeon a flush of 8 MB took 5.4 ms: counting the kernel's time alone,
+    ResNet-50's candidates took 0.36 s each to time, two thirds of a tuning run); ``number`` is the least
+    count. With ``enable_cpu_cache_flush`` the CPU caches are flushed of
     every argument but the first before *each run* (so each repeat is the mean of that many single runs, at
     most ``program.MAX_COLD_RUNS``): in a network the input was just written by the previous call while the
     weights and other operands come cold from memory. Ansor flushed once per repeat of ``number`` runs,
@@ -150,13 +153,15 @@ class Runner:
                     return RunReply((checked,), int(ErrorNo.NO_ERROR), "", start, time.time(), self._node)
             flush = self._flush if config.enable_cpu_cache_flush else ""
             probe = module.time_evaluator("main", self._device, number=1, repeat=1, f_preproc=flush)
+            t0 = time.perf_counter()
             costs = tuple(float(c) for c in probe(*args).results)
+            per_run = time.perf_counter() - t0 if flush else costs[0]  # what each timed run costs, its flush too
             if best_cost > 0 and doubtful(costs[0], best_cost, config):  # 0: a first batch's probe, kept
                 costs = (min(costs[0], float(probe(*args).results[0])),)
             if costs[0] <= config.slow_factor * best_cost:
                 # The count comes from the probe: TVM's own min_repeat_ms loop would re-run a whole repeat
                 # whenever it falls just short of the minimum, doubling the time spent on most candidates.
-                number = program.runs_per_repeat(costs[0], config.min_repeat_ms, least=config.number)
+                number = program.runs_per_repeat(max(costs[0], per_run), config.min_repeat_ms, least=config.number)
                 costs = program.time_runs(module, self._device, args, number, config.repeat, flush)
         except Exception as err:
             return self._error(ErrorNo.RUNTIME_DEVICE, error_text(err), start)
