@@ -326,7 +326,6 @@ def test_the_tuner_times_candidates_cold(local_ray):
     assert result.mean_cost > 1.5 * hot, (result.costs, hot)
 
 
-
 @pytest.mark.timing
 def test_a_repeat_counts_the_flushes_in_its_time(local_ray):
     """A candidate's timing takes about repeat x min_repeat_ms of wall time even where flushing its operands
@@ -352,6 +351,7 @@ def test_a_repeat_counts_the_flushes_in_its_time(local_ray):
     flush = (time.perf_counter() - start) / 5
     assert run.end - run.start < 0.3 + 3 * 0.015 + 10 * flush, (run.end - run.start, flush)
 
+
 @pytest.mark.timing
 def test_flushed_timing_runs_every_run_cold():
     """With the cache flush each run reads its operands from memory: a kernel that touches one float per
@@ -365,7 +365,7 @@ def test_flushed_timing_runs_every_run_cold():
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(np.ones(shape, "float32"), dev) for shape in ((1,), (lines * 16,), (lines,))]
     hot = min(time_runs(module, dev, args, 200, 3, ""))
-    cold = min(time_runs(module, dev, args, 200, 3, "cache_flush_cpu_non_first_arg"))
+    cold = min(time_runs(module, dev, args, 200, 3, CACHE_FLUSH))
     assert cold > 1.5 * hot, (cold, hot)
     np.testing.assert_allclose(args[2].numpy(), 2.0)
     # The final re-timing of tune_test and the benchmarks times the same way.

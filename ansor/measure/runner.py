@@ -41,13 +41,13 @@ class RunConfig:
     1,500 times per repeat while a 50 ms one runs once, and a kernel whose operands take longer to flush than
     to run runs fewer times (on a 2-core Xeon a flush of 8 MB took 5.4 ms: counting the kernel's time alone,
     ResNet-50's candidates took 0.36 s each to time, two thirds of a tuning run); ``number`` is the least
-    count. With ``enable_cpu_cache_flush`` the CPU caches are flushed of
-    every argument but the first before *each run* (so each repeat is the mean of that many single runs, at
-    most ``program.MAX_COLD_RUNS``): in a network the input was just written by the previous call while the
-    weights and other operands come cold from memory. Ansor flushed once per repeat of ``number`` runs,
-    which times all but the first run with hot weights: BERT-base's dense layers ran 10 % slower in the
-    network than their logged times, while flushed single runs were within 1-5 % of their in-network times
-    (docs/design.md). Reported costs are the per-repeat means, in seconds.
+    count. With ``enable_cpu_cache_flush`` the CPU caches are flushed of every argument but the first before
+    *each run* (so each repeat is the mean of that many single runs, at most ``program.MAX_COLD_RUNS``): in a
+    network the input was just written by the previous call while the weights and other operands come cold
+    from memory. Ansor flushed once per repeat of ``number`` runs, which times all but the first run with hot
+    weights: BERT-base's dense layers ran 10 % slower in the network than their logged times, while flushed
+    single runs were within 1-5 % of their in-network times (docs/design.md). Reported costs are the
+    per-repeat means, in seconds.
 
     Most of a search's candidates are far from the best, and a slow one would take the longest to time.
     So each candidate is first run once; if that run is ``slow_factor`` times slower than the fastest
