@@ -75,3 +75,25 @@ def test_dag_from_te_tensors_and_print():
 def test_bad_source_is_an_ansor_error():
     with pytest.raises(AnsorError, match="PrimFunc or a list of te.Tensor"):
         ComputeDAG("matmul")
+
+
+def _product_silu(bits_out: bool, second_reader: bool = False) -> ComputeDAG:
+    """A matmul with a fast-math SiLU epilogue (selects, no padding), rounded to bf16 bits or kept fp32."""
+    from ansor.networks.fast_math import elementwise
+    from ansor.task.te_ops import bf16_matmul, matmul_stage, to_bf16_bits
+    a, b = te.placeholder((32, 64), name="A"), te.placeholder((64, 32), name="B")
+    act = elementwise((bf16_matmul if bits_out else matmul_stage)(a, b), "silu")
+    out = [to_bf16_bits(act)] if bits_out else [te.compute(act.shape, lambda i, j: act[i, j] * 2.0, name="D")]
+    if second_reader:
+        out.append(te.compute((32,), lambda i: act[i, 0] + act[i, 1], name="E"))
+    return ComputeDAG([a, b, *out])
+
+
+def test_a_bf16_epilogues_selects_inline_into_its_rounding():
+    silu = next(s for s in _product_silu(bits_out=True).stages if s.name == "T_fast_silu")
+    assert silu.has_branch and silu.selects_only and silu.strictly_inlineable
+    # fp32 keeps Ansor's rule; a second reader would recompute it; padding's if_then_else is never such a branch
+    assert not next(s for s in _product_silu(bits_out=False).stages if s.name == "T_fast_silu").strictly_inlineable
+    two = _product_silu(bits_out=True, second_reader=True)
+    assert not next(s for s in two.stages if s.name == "T_fast_silu").strictly_inlineable
+    assert not dag("conv2d-nhwc-small").stages[0].selects_only

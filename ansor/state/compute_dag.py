@@ -9,7 +9,7 @@ consumers. The DAG also counts floating-point operations, which turns a measured
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
@@ -50,6 +50,9 @@ class DagStage:
     has_branch: bool
     has_expensive_op: bool
     flops: float
+    #: Its branches are all ``select``s of values (fast math's clamps and signs), no ``if_then_else`` of
+    #: indices (padding): inlined into an element-wise consumer, they add no control flow.
+    selects_only: bool = False
 
 
 class ComputeDAG:
@@ -104,7 +107,33 @@ class ComputeDAG:
             stages.append(self._analyse_block(block, loops, realize, param_names))
         if not stages:
             raise AnsorError("the PrimFunc has no blocks to schedule")
-        return stages
+        return self._inline_epilogue_selects(stages)
+
+    def _inline_epilogue_selects(self, stages: list[DagStage]) -> list[DagStage]:
+        """In a bf16 program, a stage with value selects (fast math's SiLU, erf) is strictly inlineable
+        into its one element-wise consumer.
+
+        Ansor keeps any stage with a branch out of its consumers. A bf16 epilogue ends in a rounding to
+        bits, a stage of its own, so such an activation left at the root split ViT-B/16's GELU layer
+        (a 197 x 768 x 3072 product) into three passes over its output, and its product had two readers,
+        so it could not finish a tile's epilogue in cache. fp32 programs keep the spaces they were
+        measured with.
+        """
+        if BF16_BITS not in self.buffer_dtypes.values():
+            return stages
+        readers: dict[str, list[DagStage]] = {}
+        for st in stages:
+            for buffer in {a.buffer for a in st.block.reads}:
+                readers.setdefault(buffer, []).append(st)
+        out = []
+        for st in stages:
+            consumers = readers.get(st.block.writes[0].buffer, [])
+            if (st.selects_only and not st.strictly_inlineable and not st.is_reduction and not st.is_output
+                    and not st.has_expensive_op and len(consumers) == 1 and not consumers[0].is_reduction
+                    and _size(consumers[0]) == _size(st)):  # element for element: nothing recomputed
+                st = replace(st, strictly_inlineable=True)
+            out.append(st)
+        return out
 
     def _analyse_block(self, block, loops, realize, param_names: set[str]) -> DagStage:
         vars_ = tuple(
@@ -157,7 +186,8 @@ class ComputeDAG:
         total = flops * math.prod(v.extent for v in vars_)
         block_info = BlockInfo(vars_, tuple(reads), writes, tuple(sorted(periods.items())))
         return DagStage(block.name_hint, block_info, loop_info, is_output, is_reduction, strictly_inlineable,
-                        needs_tiling, has_branch, has_expensive, total)
+                        needs_tiling, has_branch, has_expensive, total,
+                        selects_only=has_branch and "if_then_else" not in calls and simple)
 
     def _note_buffer(self, buf) -> None:
         if buf.name not in self.buffer_shapes:
@@ -206,6 +236,10 @@ class ComputeDAG:
             lines.append(f"{s.block.writes[0]} = f({reads})  iters[{iters}]  {' '.join(flags)}")
         lines.append(f"FLOPs: {self.flop_ct:.0f}")
         return "\n".join(lines)
+
+
+def _size(stage: DagStage) -> int:
+    return math.prod(v.extent for v in stage.block.vars)
 
 
 def _affine(expr, var_names: set[str]) -> Optional[Affine]:
