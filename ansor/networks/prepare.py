@@ -13,7 +13,9 @@ CPU search does best on NHWC convolutions, and the schedule may choose each cons
 3. **Transposes move below element-wise operators** (:mod:`.transpose_sinking`) and cancel where they meet
    their inverse: ConvNeXt permutes its activations to NCHW for its layer scale and residual add, and its
    next convolution, now NHWC, permuted them back (63 of ConvNeXt-T's 68 transposes go, and 8 of its 33
-   tasks: the layer scale and residual add become the linear layer's epilogue).
+   tasks: the layer scale and residual add become the linear layer's epilogue). A ``take`` of one constant
+   index through reshapes and transposes becomes a slice of their source (:mod:`.slice_takes`): attention's
+   split of a fused QKV projection, which was a transposed copy and three copies out of it.
 4. **Bilinear resizes written NCHW run in two passes** (:mod:`.separable_resize`), along the rows, then down
    the columns reading whole rows, not four gathers an output; an NHWC one whose only reader permutes it to
    NCHW writes NCHW (other NHWC ones stay: their loads run along the channels).
@@ -55,6 +57,7 @@ from .network import Network, NetworkError
 from .conv_rewrite import bound_constant
 from .padding_taps import MAX_USEFUL_SHARE, MAX_USEFUL_SHARE_BF16, skip_padding_taps
 from .separable_resize import separable_resizes
+from .slice_takes import slice_takes
 from .transpose_sinking import sink_transposes
 from .winograd import winograd_convs
 
@@ -90,6 +93,7 @@ def prepare(network: Network, layout: str = "NHWC", bind_weights: bool = True, f
             mod = relax.transform.ConvertLayout(CHANNELS_LAST)(mod)
             mod = fold_constants(mod)
         mod = sink_transposes(mod)
+        mod = slice_takes(mod)
         mod = separable_resizes(mod)
         mod = skip_padding_taps(mod, MAX_USEFUL_SHARE_BF16 if precision.bf16 else MAX_USEFUL_SHARE)
         if vector_bytes and not precision.bf16:  # bf16 pads its products' channels itself
@@ -126,12 +130,20 @@ def _has_nchw_conv(mod: tvm.IRModule) -> bool:
 
 @relax.expr_functor.mutator
 class _ConstantFolder(relax.PyExprMutator):
-    """``permute_dims``, ``reshape``, ``isnan`` and ``where`` of constants become constants (numpy)."""
+    """``permute_dims``, ``reshape``, ``isnan`` and ``where`` of constants become constants (numpy), and so do
+    the index arithmetic TVM's ONNX importer wraps around a ``Gather`` (``take`` of a static shape, ``add``,
+    ``less``), so that the gathered index is a constant (:mod:`.slice_takes`)."""
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         name = getattr(call.op, "name", "")
-        if name not in ("relax.permute_dims", "relax.reshape", "relax.isnan", "relax.where"):
+        if name == "relax.shape_to_tensor":
+            dims = getattr(call.args[0].ty, "values", None)
+            if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+                return call
+            return relax.const(np.array([int(d) for d in dims], dtype="int64"), "int64")
+        if name not in ("relax.permute_dims", "relax.reshape", "relax.isnan", "relax.where", "relax.take",
+                        "relax.add", "relax.less"):
             return call
         tensors = call.args[:1] if name == "relax.reshape" else call.args
         values = [bound_constant(self, arg) for arg in tensors]
@@ -145,6 +157,14 @@ class _ConstantFolder(relax.PyExprMutator):
             if not isinstance(shape, relax.ShapeExpr) or not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
                 return call
             value = values[0].reshape([int(d) for d in shape.values])
+        elif name == "relax.take":
+            axis = call.attrs.axis
+            value = np.take(values[0], values[1], axis=None if axis is None else int(axis),
+                            mode="wrap" if str(call.attrs.mode) == "wrap" else "clip")
+        elif name in ("relax.add", "relax.less"):
+            if values[0].size > 1 or values[1].size > 1:  # index arithmetic only: weights keep their kernels
+                return call
+            value = (np.add if name == "relax.add" else np.less)(*values)
         else:
             value = np.isnan(values[0]) if name == "relax.isnan" else np.where(*values)
         value = np.array(value, order="C")  # np.ascontiguousarray would make a 0-d array 1-d
