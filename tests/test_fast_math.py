@@ -374,3 +374,19 @@ def test_exp_log_softmax_erf_and_tanh_through_the_pipeline_match_numpy():
     wants = [np.exp(v), shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True)), special.erf(v), np.tanh(v)]
     for g, w in zip(got, wants):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_a_softmax_row_no_vector_divides_reduces_in_lanes_and_matches_numpy():
+    x = te.placeholder((3, 37), "float32", name="x")
+    dag = ComputeDAG([x, fast_math.softmax(x)])
+    assert [s.name for s in dag.stages if s.name.endswith("_lanes")] == ["T_softmax_maxelem_lanes",
+                                                                        "T_softmax_expsum_lanes"]
+    even = te.placeholder((3, 32), "float32", name="x")
+    assert not any(s.name.endswith("_lanes") for s in ComputeDAG([even, fast_math.softmax(even)]).stages)
+    f = tvm.compile(te.create_prim_func([x, fast_math.softmax(x)]), target="llvm")
+    a = np.random.default_rng(0).standard_normal((3, 37)).astype("float32") * 4
+    a[1, 33:] = 30.0  # the row's maximum in the masked last vector
+    out = tvm.runtime.tensor(np.zeros_like(a))
+    f(tvm.runtime.tensor(a), out)
+    e = np.exp(a.astype(np.float64) - a.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
