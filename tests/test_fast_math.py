@@ -381,8 +381,14 @@ def test_a_softmax_row_no_vector_divides_reduces_in_lanes_and_matches_numpy():
     dag = ComputeDAG([x, fast_math.softmax(x)])
     assert [s.name for s in dag.stages if s.name.endswith("_lanes")] == ["T_softmax_maxelem_lanes",
                                                                         "T_softmax_expsum_lanes"]
-    even = te.placeholder((3, 32), "float32", name="x")
-    assert not any(s.name.endswith("_lanes") for s in ComputeDAG([even, fast_math.softmax(even)]).stages)
+    # A row 16 divides keeps its one-step form as it was, down to its axes' type (its workload key): int64 as
+    # a network's shapes
+    even = te.placeholder([tvm.tirx.IntImm("int64", d) for d in (3, 32)], "float32", name="x")
+    func = te.create_prim_func([even, fast_math.softmax(even)])
+    assert not any(s.name.endswith("_lanes") for s in ComputeDAG(func).stages)
+    sch = tvm.s_tir.Schedule(func)
+    for name in ("T_softmax_maxelem", "T_softmax_expsum"):
+        assert {str(iv.var.ty) for iv in sch.get(sch.get_sblock(name)).iter_vars} == {"int64"}
     f = tvm.compile(te.create_prim_func([x, fast_math.softmax(x)]), target="llvm")
     a = np.random.default_rng(0).standard_normal((3, 37)).astype("float32") * 4
     a[1, 33:] = 30.0  # the row's maximum in the masked last vector

@@ -94,32 +94,25 @@ def softmax_stages(x: te.Tensor, names: Sequence[str], exp: Callable = te.exp, l
     """Softmax over the last axis, staged the way TOPI writes it (max, exp, sum, normalise); ``exp`` maps
     a PrimExpr to its exponential (networks pass a vectorizable one). ``lanes``: a row no vector of that
     many lanes divides reduces in two steps, the row in lanes first (its tail masked), then the lanes."""
-    outer, n = list(names[:-1]), int(x.shape[-1])
-    if lanes and n % lanes and n > lanes:
-        maxelem = _in_lanes(lambda *i: x(*i), x.shape, outer, lanes, te.max, tvm.tirx.min_value("float32"),
-                            "T_softmax_maxelem")
-    else:
-        k1 = te.reduce_axis((0, n), name="k")
-        maxelem = te.compute(
-            x.shape[:-1], lambda *i: te.max(x(*i, k1), axis=k1), name="T_softmax_maxelem", varargs_names=outer
-        )
+    outer, n = list(names[:-1]), x.shape[-1]  # n keeps its type: the one-step form's workload keys stay
+
+    def over_row(row: te.Tensor, reducer: Callable, identity, name: str) -> te.Tensor:
+        if lanes and int(n) % lanes and int(n) > lanes:
+            return _in_lanes(row, x.shape, outer, lanes, reducer, identity, name)
+        k = te.reduce_axis((0, n), name="k")
+        return te.compute(x.shape[:-1], lambda *i: reducer(row(*i, k), axis=k), name=name, varargs_names=outer)
+
+    maxelem = over_row(x, te.max, tvm.tirx.min_value("float32"), "T_softmax_maxelem")
     exps = te.compute(
         x.shape, lambda *i: exp(x(*i) - maxelem(*i[:-1])), name="T_softmax_exp", varargs_names=list(names)
     )
-    if lanes and n % lanes and n > lanes:
-        expsum = _in_lanes(lambda *i: exps(*i), x.shape, outer, lanes, te.sum, tvm.tirx.const(0.0, "float32"),
-                           "T_softmax_expsum")
-    else:
-        k2 = te.reduce_axis((0, n), name="k")
-        expsum = te.compute(
-            x.shape[:-1], lambda *i: te.sum(exps(*i, k2), axis=k2), name="T_softmax_expsum", varargs_names=outer
-        )
+    expsum = over_row(exps, te.sum, tvm.tirx.const(0.0, "float32"), "T_softmax_expsum")
     return te.compute(
         x.shape, lambda *i: exps(*i) / expsum(*i[:-1]), name="T_softmax_norm", varargs_names=list(names)
     )
 
 
-def _in_lanes(row: Callable, shape, outer: list[str], lanes: int, reducer: Callable, identity, name: str) -> te.Tensor:
+def _in_lanes(row: te.Tensor, shape, outer: list[str], lanes: int, reducer: Callable, identity, name: str) -> te.Tensor:
     """``reducer`` over the last axis of ``row`` in two stages: ``name``_lanes (lane ``l`` of each row reduces
     elements ``l, l + lanes, ...``, the last vector's missing elements ``identity``), then the lanes."""
     n = int(shape[-1])
