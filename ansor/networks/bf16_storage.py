@@ -42,7 +42,7 @@ from tvm import relax, te
 
 from ..state.tensor_intrin import bf16_to_f32
 from ..task.te_ops import to_bf16_bits
-from .calls import ELEMENTWISE, called_prim_func, mutate_relax_functions
+from .calls import ELEMENTWISE, called_prim_func, mutate_relax_functions, op_name
 
 #: TVM's op pattern kElemWise: the rounding fuses after any epilogue.
 _ELEMWISE = {"op_pattern": 0}
@@ -90,24 +90,19 @@ def _vars_in(expr: relax.Expr) -> list[relax.Var]:
 
 def _on_bits_inputs(value: relax.Expr) -> list[relax.Var] | None:
     """The tensors an :data:`ON_BITS` call of float32 tensors reads, or None for any other expression."""
-    if _op_name(value) not in ON_BITS:
+    if op_name(value) not in ON_BITS:
         return None
     data = value.args[0]
     inputs = list(data.fields) if isinstance(data, relax.Tuple) else [data]
     if not all(isinstance(v, relax.Var) and getattr(v.ty, "dtype", "") == "float32" for v in inputs):
         return None
-    if _op_name(value) == _MAX_POOL and not value.attrs.layout == value.attrs.out_layout == "NHWC":
+    if op_name(value) == _MAX_POOL and not value.attrs.layout == value.attrs.out_layout == "NHWC":
         return None
     return inputs
 
 
-def _op_name(value: relax.Expr) -> str:
-    """The Relax operator ``value`` calls (``relax.add``), or "" for anything else."""
-    return getattr(value.op, "name", "") if isinstance(value, relax.Call) else ""
-
-
 def _elementwise(value: relax.Expr) -> bool:
-    return _op_name(value) in ELEMENTWISE
+    return op_name(value) in ELEMENTWISE
 
 
 def from_bf16_bits(bits: te.Tensor) -> te.Tensor:
@@ -174,7 +169,7 @@ class _Reads:
 
     def _computed_in_a_kernel(self, var: relax.Var) -> bool:
         value = self.bound.get(var)
-        return self.is_product(value) or _op_name(value) in ELEMENTWISE | EPILOGUE_FUSABLE
+        return self.is_product(value) or op_name(value) in ELEMENTWISE | EPILOGUE_FUSABLE
 
 
 def max_pool_bits(bits: te.Tensor, out_shape: Sequence[int], pool_size: Sequence[int], strides: Sequence[int],

@@ -31,6 +31,11 @@ ELEMENTWISE = frozenset(f"relax.{name}" for name in (
 CallRewrite = Callable[[relax.BlockBuilder, relax.Call, tvm.ir.GlobalVar], relax.Expr]
 
 
+def op_name(expr: Optional[relax.Expr]) -> str:
+    """The Relax operator ``expr`` calls (``relax.add``), or "" for anything else."""
+    return getattr(expr.op, "name", "") if isinstance(expr, relax.Call) else ""
+
+
 def called_prim_func(call: relax.Call) -> Optional[str]:
     """The name of the PrimFunc ``call`` calls with ``call_tir`` and a tuple of arguments, else None."""
     if getattr(call.op, "name", "") == CALL_TIR and len(call.args) >= 2 and isinstance(call.args[1], relax.Tuple):

@@ -20,7 +20,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .calls import mutate_relax_functions
+from .calls import mutate_relax_functions, op_name
 from .conv_rewrite import bound_constant
 from .transpose_sinking import permute_axes, static_shape
 
@@ -46,10 +46,6 @@ def _shape(call: relax.Call) -> tuple[int, ...]:
     return tuple(int(d) for d in call.ty.shape.values)
 
 
-def _op(expr: Optional[relax.Expr]) -> str:
-    return getattr(getattr(expr, "op", None), "name", "")
-
-
 def find_slice(numbers: np.ndarray, shape: tuple[int, ...]) -> Optional[tuple[int, int, int]]:
     """``(axis, begin, end)`` if ``numbers`` (element numbers of an array of ``shape``, row-major) are the
     slice ``[begin, end)`` along ``axis``, in that slice's own order; else None."""
@@ -68,7 +64,7 @@ def find_slice(numbers: np.ndarray, shape: tuple[int, ...]) -> Optional[tuple[in
 class _TakeSlicer(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if _op(call) != "relax.take" or not static_shape(call):
+        if op_name(call) != "relax.take" or not static_shape(call):
             return call
         index = bound_constant(self, call.args[1])
         if index is None or index.size != 1 or call.attrs.axis is None:
@@ -76,7 +72,7 @@ class _TakeSlicer(relax.PyExprMutator):
         chain, source = [], call.args[0]
         while isinstance(source, relax.Var):
             bound = self.lookup_binding(source)
-            if _op(bound) not in _LAYOUT or not static_shape(bound):
+            if op_name(bound) not in _LAYOUT or not static_shape(bound):
                 break
             chain.append(bound)
             source = bound.args[0]
@@ -87,7 +83,7 @@ class _TakeSlicer(relax.PyExprMutator):
             return call
         numbers = np.arange(math.prod(shape)).reshape(shape)
         for op in reversed(chain):
-            numbers = _LAYOUT[_op(op)](numbers, op)
+            numbers = _LAYOUT[op_name(op)](numbers, op)
         taken = np.take(numbers, int(index.ravel()[0]) % numbers.shape[int(call.attrs.axis)],
                         axis=int(call.attrs.axis))
         found = find_slice(taken, shape)

@@ -30,7 +30,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .calls import ELEMENTWISE, mutate_relax_functions
+from .calls import ELEMENTWISE, mutate_relax_functions, op_name
 from .conv_rewrite import bound_constant
 
 PERMUTE = "relax.permute_dims"
@@ -60,10 +60,6 @@ def _is_identity(perm: Sequence[int]) -> bool:
     return all(i == p for i, p in enumerate(perm))
 
 
-def _op(expr: relax.Expr) -> str:
-    return getattr(getattr(expr, "op", None), "name", "")
-
-
 class _Uses:
     """The bindings of a module's Relax functions by the variables they use, to tell whether a transposed
     element-wise result reaches a transpose that undoes it."""
@@ -90,8 +86,8 @@ class _Uses:
         if key not in self._memo:
             self._memo[key] = False  # a cycle (none in a dataflow block) would read False
             self._memo[key] = any(
-                _is_identity(tuple(perm[a] for a in permute_axes(b.value))) if _op(b.value) == PERMUTE
-                else _op(b.value) in ELEMENTWISE and self.cancels(b.var, perm)
+                _is_identity(tuple(perm[a] for a in permute_axes(b.value))) if op_name(b.value) == PERMUTE
+                else op_name(b.value) in ELEMENTWISE and self.cancels(b.var, perm)
                 for b in self.users.get(var.__chandle__(), ()))
         return self._memo[key]
 
@@ -106,7 +102,7 @@ class _TransposeSinker(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         var = self.uses.bound.get(call.__chandle__())  # the call as the module has it, before the visit
         call = super().visit_call_(call)
-        name = _op(call)
+        name = op_name(call)
         if name == PERMUTE:
             return self._compose(call)
         sunk = self._sink(call, var) if name in ELEMENTWISE and var is not None else None
@@ -117,7 +113,7 @@ class _TransposeSinker(relax.PyExprMutator):
         if not isinstance(expr, relax.Var):
             return None
         bound = self.lookup_binding(expr)
-        if isinstance(bound, relax.Call) and _op(bound) == PERMUTE:
+        if isinstance(bound, relax.Call) and op_name(bound) == PERMUTE:
             return bound.args[0], permute_axes(bound)
         return None
 

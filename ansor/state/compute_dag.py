@@ -128,7 +128,7 @@ class ComputeDAG:
         out = []
         for st in stages:
             consumers = readers.get(st.block.writes[0].buffer, [])
-            if (st.selects_only and not st.strictly_inlineable and not st.is_reduction and not st.is_output
+            if (st.selects_only and not st.is_reduction and not st.is_output
                     and not st.has_expensive_op and len(consumers) == 1 and not consumers[0].is_reduction
                     and _size(consumers[0]) == _size(st)):  # element for element: nothing recomputed
                 st = replace(st, strictly_inlineable=True)
