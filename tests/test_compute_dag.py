@@ -1,11 +1,14 @@
 """ComputeDAG: stages, FLOP counts and the predicates the sketch rules rely on."""
 
+import random
+
 import pytest
 from tvm import te
 
 from ansor import AnsorError, ComputeDAG
 from ansor.state.access import IterKind
 from ansor.task.search_task import SearchTask
+from ansor.sketch.annotation import annotate_vectorize
 from ansor.sketch.rules import single_elementwise_consumer
 
 
@@ -97,3 +100,21 @@ def test_a_bf16_epilogues_selects_inline_into_its_rounding():
     two = _product_silu(bits_out=True, second_reader=True)
     assert not next(s for s in two.stages if s.name == "T_fast_silu").strictly_inlineable
     assert not dag("conv2d-nhwc-small").stages[0].selects_only
+
+
+def test_an_index_affine_only_in_runs_is_vectorized_in_those_runs():
+    """A tap pair's ``A16`` (networks/bf16.py) reads pixel ``x + j % 32 // 16``, channel ``j // 32 * 16 + j % 16``:
+    not affine in ``j`` but contiguous in aligned runs of 16, which random annotation vectorizes; a channel
+    shuffle's ``j % 2 * 20 + j // 2`` has no such run and stays scalar."""
+    data = te.placeholder((9, 40), name="data")
+    pairs = te.compute((8, 80), lambda x, j: data[x + j % 32 // 16, j // 32 * 16 + j % 16], name="pairs")
+    shuffle = te.compute((8, 40), lambda x, j: data[x, j % 2 * 20 + j // 2], name="shuffle")
+    d = ComputeDAG([data, pairs, shuffle])
+    by_name = {s.name: s for s in d.stages}
+    assert by_name["pairs"].block.reads[0].runs == (("v_j", 16),)
+    assert by_name["shuffle"].block.reads[0].runs == ()
+    state = d.init_state()
+    annotate_vectorize(state, random.Random(0))
+    vectorized = {s.name: [(it.extent, it.annotation) for it in s.iters if it.annotation == "vectorize"]
+                  for s in state.stages}
+    assert vectorized == {"pairs": [(16, "vectorize")], "shuffle": []}

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-from ..state.access import IterKind
+from ..state.access import Access, IterKind
 from ..errors import StepError
 from ..state.layout_rewrite import packable_arguments
 from ..state.loop_nest import AttachKind
@@ -417,9 +417,11 @@ def annotate_vectorize(state: State, rng: random.Random) -> None:
             free = last.kind == IterKind.SPATIAL and last.annotation == "none" and (n - 1) not in attached_at
             if not is_tiled and free and (last.extent or 1) > MAX_VECTORIZE_LANES and contiguous(stage, (last,)):
                 factor = largest_divisor_at_most(last.extent or 1, MAX_VECTORIZE_LANES)
-                if factor > 1:
-                    state.split(stage_id, n - 1, [factor])
-                    state.annotate(stage_id, n, "vectorize")
+            else:
+                factor = contiguous_run(stage, last) if not is_tiled and free else 1
+            if 1 < factor < (last.extent or 1):
+                state.split(stage_id, n - 1, [factor])
+                state.annotate(stage_id, n, "vectorize")
             continue
         if fusible > 1:
             fusible = 1 + rng.randrange(fusible - 1) if fusible > 2 else rng.choice((1, 2))
@@ -479,20 +481,30 @@ def contiguous(stage: Stage, iters) -> bool:
     a moved variable; one over other variables only (a Winograd tile's rows) stays fixed along the loop.
     """
     moved = {p.var for it in iters for p in it.parts}
-    if len(moved) > 1:
-        return False
+    return len(moved) <= 1 and all(not acc.moved_opaquely(moved) and _affine_contiguous(acc, moved)
+                                   for acc in (*stage.block.reads, *stage.block.writes))
+
+
+def _affine_contiguous(acc: Access, moved: set[str]) -> bool:
+    last = len(acc.indices) - 1
+    return all(var not in dict(idx.terms) or (d == last and dict(idx.terms)[var] == 1)
+               for d, idx in enumerate(acc.indices) if idx is not None for var in moved)
+
+
+def contiguous_run(stage: Stage, it) -> int:
+    """The lanes of aligned runs of loop ``it`` (a whole block variable) along which every access of the
+    stage is contiguous, where some index is not affine in it (:attr:`Access.runs`: a tap pair's A16 reads
+    16 channels of one pixel, then 16 of the next); 1 where there are none."""
+    if len(it.parts) != 1 or it.parts[0].stride != 1:
+        return 1
+    var, runs = it.parts[0].var, []
     for acc in (*stage.block.reads, *stage.block.writes):
-        if acc.moved_opaquely(moved):
-            return False
-        last = len(acc.indices) - 1
-        for d, idx in enumerate(acc.indices):
-            if idx is None:
-                continue
-            coefs = dict(idx.terms)
-            for var in moved:
-                if var in coefs and (d != last or coefs[var] != 1):
-                    return False
-    return True
+        if acc.moved_opaquely({var}):
+            runs.append(dict(acc.runs).get(var, 1))
+        elif not _affine_contiguous(acc, {var}):
+            return 1
+    run = min(runs, default=1)
+    return run if (it.extent or 1) % run == 0 else 1
 
 
 def largest_divisor_at_most(n: int, cap: int) -> int:

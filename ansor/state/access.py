@@ -75,6 +75,9 @@ class Access:
     #: The block variables the non-affine indices use (a Winograd tile's ``p // tiles``, a gather's loaded
     #: row); None: not known, any variable may move them.
     opaque_vars: Optional[frozenset[str]] = None
+    #: ``(variable, run)`` for variables that move a non-affine index: along aligned runs of ``run`` values
+    #: of the variable every index moves as a vector's lanes do (a tap pair's ``j % 32 // 16``: runs of 16).
+    runs: tuple[tuple[str, int], ...] = ()
 
     def moved_opaquely(self, names: set[str]) -> bool:
         """Whether a non-affine index may change with one of the variables ``names``."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Container, Optional, Sequence, Union
 
 import tvm
-from tvm import te, tirx
+from tvm import sym, te, tirx
 from tvm.ir import Call
 from tvm.ir.expr import TensorLoad
 from tvm.ir.prim import expr as E
@@ -140,7 +140,7 @@ class ComputeDAG:
             BlockVar(iv.var.name, IterKind.REDUCE if int(iv.iter_type) == 2 else IterKind.SPATIAL, int(iv.dom.extent))
             for iv in block.iter_vars
         )
-        var_names = {v.name for v in vars_}
+        var_names = {v.name: v.extent for v in vars_}  # a name's extent: for the runs of non-affine indices
         store = block.body
         if not isinstance(store, tirx.BufferStore):
             raise AnsorError(f"block {block.name_hint}: only single-store blocks are supported")
@@ -242,7 +242,7 @@ def _size(stage: DagStage) -> int:
     return math.prod(v.extent for v in stage.block.vars)
 
 
-def _affine(expr, var_names: set[str]) -> Optional[Affine]:
+def _affine(expr, var_names: Container[str]) -> Optional[Affine]:
     """``expr`` as an affine form over ``var_names``, or None when it is not affine."""
     if isinstance(expr, E.IntImm):
         return Affine((), int(expr.value))
@@ -270,12 +270,52 @@ def _affine(expr, var_names: set[str]) -> Optional[Affine]:
     return None
 
 
-def _access(buffer: str, indices, var_names: set[str]) -> Access:
-    """An access with its indices in affine form, and the block variables of those that are not."""
+def _access(buffer: str, indices, var_names: dict[str, int]) -> Access:
+    """An access with its indices in affine form, the block variables of those that are not, and the runs
+    along which those variables still move every index as a vector's lanes (:func:`_vector_run`)."""
     affine = tuple(_affine(i, var_names) for i in indices)
-    opaque = frozenset(v.name for i, a in zip(indices, affine) if a is None for v in undefined_vars(i)
-                       if v.name in var_names)
-    return Access(buffer, affine, opaque)
+    opaque = {v.name: v for i, a in zip(indices, affine) if a is None for v in undefined_vars(i)
+              if v.name in var_names}
+    runs = tuple((name, run) for name, var in sorted(opaque.items())
+                 if (run := _vector_run(indices, var, var_names)) > 1)
+    return Access(buffer, affine, frozenset(opaque), runs)
+
+
+#: The longest run :func:`_vector_run` looks for: the most lanes a loop is vectorized with.
+MAX_RUN = 64
+
+
+def _vector_run(indices, var: tirx.Var, extents: dict[str, int]) -> int:
+    """The longest aligned run of ``var`` (a power of two up to :data:`MAX_RUN` dividing its extent) along
+    which ``indices`` move as a vector's lanes: the last by one a step, the others not at all; 1 if none."""
+    extent, run = extents[var.name], MAX_RUN
+    while run > 1:
+        if extent % run == 0 and _moves_in_lanes(indices, var, run, extents):
+            return run
+        run //= 2
+    return 1
+
+
+def _moves_in_lanes(indices, var: tirx.Var, run: int, extents: dict[str, int]) -> bool:
+    dtype = str(var.ty)
+    outer, lane = tirx.Var("run_outer", dtype), tirx.Var("run_lane", dtype)
+    analyzers = []
+    for start in (outer * run, outer * run + lane):
+        analyzer = sym.Analyzer()
+        for v in {v.name: v for i in indices for v in undefined_vars(i)}.values():
+            if v.name in extents and v.name != var.name:
+                analyzer.bind(v, tvm.ir.Range(0, extents[v.name]))
+        analyzer.bind(outer, tvm.ir.Range(0, extents[var.name] // run))
+        analyzer.bind(lane, tvm.ir.Range(0, run))
+        analyzer.bind(var, start)
+        analyzers.append(analyzer)
+    first, moved = analyzers
+    for d, index in enumerate(indices):
+        step = moved.simplify(moved.simplify(index) - first.simplify(index))
+        want = lane if d == len(indices) - 1 else 0
+        if not isinstance(moved.simplify(step - want), E.IntImm) or int(moved.simplify(step - want)) != 0:
+            return False
+    return True
 
 
 def _add(a: Affine, b: Affine) -> Affine:
@@ -285,7 +325,7 @@ def _add(a: Affine, b: Affine) -> Affine:
     return Affine(tuple((n, c) for n, c in coefs.items() if c), a.const + b.const)
 
 
-def _walk(expr, reads: list[Access], calls: list[str], periods: dict[str, int], var_names: set[str],
+def _walk(expr, reads: list[Access], calls: list[str], periods: dict[str, int], var_names: dict[str, int],
           note_buffer) -> int:
     """Collect loads, call names and the periods of the variables ``if_then_else`` conditions depend on
     (:func:`branch_periods`) under ``expr``; return its float operation count."""
@@ -326,7 +366,7 @@ def _walk(expr, reads: list[Access], calls: list[str], periods: dict[str, int], 
     return 0
 
 
-def branch_periods(cond, var_names: set[str], periods: dict[str, int]) -> None:
+def branch_periods(cond, var_names: Container[str], periods: dict[str, int]) -> None:
     """Note in ``periods`` each variable ``cond`` depends on, with the period at whose multiples alone its
     value can change along that variable: the gcd of the points where a comparison with a constant turns
     (a concatenation of 32-channel inputs: 32), 1 for any other use."""
