@@ -30,6 +30,7 @@ from ansor.log.records import load_records
 from ansor.networks import NetworkError, apply_history_best, apply_schedules, build, compare_outputs, extract
 from ansor.networks.bf16 import (
     BF16_BUILD_RTOL, BF16_NOISE_SLACK, BF16_VS_FP32_RTOL, amx_padded_rows, pack_weight, padded_to,
+    paired_taps,
 )
 from ansor.networks.default_schedule import default_state
 from ansor.networks.evaluate import OutputComparison, run
@@ -806,12 +807,12 @@ def test_bf16_pads_a_classifiers_channels_in_its_product_not_by_fp32s_slice():
     assert program.arg_specs(bf[0].task)[-1][0] == (16, 1000)  # the 1x1 layer flattened to a product of pixels
 
 
-def grouped_layers() -> tvm.IRModule:
+def grouped_layers(size: int = 6) -> tvm.IRModule:
     """RegNet's grouped 3x3 convolution (5 groups of 8 channels), then a 1x1 one of 2 groups (20 -> 16 channels
-    each), then one of 4-channel groups."""
+    each), then one of 4-channel groups, on ``size`` x ``size`` pixels."""
     bb = relax.BlockBuilder()
     args = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (
-        ("x", (1, 6, 6, 40)), ("w1", (3, 3, 8, 40)), ("w2", (1, 1, 20, 32)), ("w3", (3, 3, 4, 32)))]
+        ("x", (1, size, size, 40)), ("w1", (3, 3, 8, 40)), ("w2", (1, 1, 20, 32)), ("w3", (3, 3, 4, 32)))]
     nhwc, op = {"data_layout": "NHWC", "kernel_layout": "HWIO"}, relax.op
     with bb.function("main", args):
         with bb.dataflow():
@@ -856,6 +857,47 @@ def test_groups_that_tile_16_channels_are_dot_products_of_block_diagonal_weights
         if "group_conv_bf16" not in str(t.task.compute_dag):
             asm = codegen.compile(program.schedule(t.task, default_state(t.task)), t.task.target).mod
             assert "vdpbf16ps" in asm.inspect_source("asm"), t.name
+
+
+def test_an_amx_target_computes_16_channel_groups_with_two_taps_in_a_tile_row():
+    """On an AMX target a stride-1 grouped convolution of 16-channel blocks reads each two taps of a row as a
+    tile row's 32 channels (its weight's taps in pairs, the third's partner zero) and searches tile programs;
+    where no tile's rows divide its output rows it keeps the dot products' form. Numerics where the CPU has AMX."""
+    blocks = np.random.default_rng(1).standard_normal((3, 3, 16, 32)).astype(np.float32)
+    pairs = paired_taps(blocks)
+    assert pairs.shape == (3, 2, 32, 32)
+    assert np.array_equal(pairs[:, 1, 16:], np.zeros((3, 16, 32)))  # the partner of the third tap
+    assert np.array_equal(pairs[:, :, :16], blocks[:, 0::2]) and np.array_equal(pairs[:, 0, 16:], blocks[:, 1])
+    mod = grouped_layers(8)
+    params = params_of(mod)
+    ex = extract(as_network(mod, params), AMX, precision=BF16)
+    [task] = [t.task for t in ex.tasks if "relu" in t.name]  # the groups of 8: 5 groups as 3 blocks of 16
+    assert ((3, 3, 2, 16, 16, 2), BF16_BITS) in program.arg_specs(task)
+    sketches = generate_sketches(task)
+    assert {tuple(intrinsics_of(s)) for s in sketches} == {(BF16Intrin.AMX_TILE_8x16x32.value,),
+                                                           (BF16Intrin.AVX512_DOT_16x2.value,)}
+    states = sample_initial_population(task, sketches, 8, random.Random(0))
+    amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_8x16x32.value]][:2]
+    assert amx, "no AMX program sampled"
+    asm = codegen.compile(program.schedule(task, amx[0]), task.target).mod.inspect_source("asm")
+    assert "tdpbf16ps" in asm
+    narrow = extract(as_network(grouped_layers(), params), AMX, precision=BF16).tasks  # 6-pixel rows: no tile
+    assert any(((3, 3, 3, 8, 16, 2), BF16_BITS) in program.arg_specs(t.task) for t in narrow)
+    if MatrixUnit.AMX not in host_cpu().matrix_units:
+        pytest.skip(f"this CPU ({host_cpu().model}) has no AMX: the paired form is compile-checked only")
+    allow_amx()
+    arrays = program.random_inputs(task)
+    want = program.run_program(program.build_program(task, None), arrays)[-1]
+    for state in amx:
+        got = program.run_program(program.build_program(task, state), arrays)[-1]
+        assert np.abs(got - want).max() <= 96 * 2.0 ** -23 * np.abs(want).max()  # 72 useful terms of 96
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 8, 8, 40)).astype(np.float32)
+    [got] = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=AMX), AMX), ex.network, [x], AMX)
+    pad = ((0, 0), (1, 1), (1, 1), (0, 0))
+    a = np.maximum(grouped_conv(np.pad(bf16(x), pad), bf16(params["w1"]), 5), 0)
+    b = grouped_conv(bf16(a), bf16(params["w2"]), 2)
+    want = grouped_conv(np.pad(bf16(b), pad), bf16(params["w3"]), 8)
+    assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
 
 
 # A video network's stem: 3 input channels (read as 4), 3x7x7 taps, strides 1x2x2, padding 1x3x3 (R(2+1)D's

@@ -86,6 +86,8 @@ MAX_PADDED_CHANNELS = 1 / 2
 #: outside each group): RegNet-Y-400MF's 14 layers of groups of 8 (5 tasks), per-task bests after 10 minutes,
 #: fp32 FMA 1.05 ms, dot products 0.85 (Zen 4); no task slower.
 MAX_GROUP_WASTE = 2
+#: The same for a grouped convolution in AMX tiles, two taps a tile row (:func:`_paired_conv_product`).
+MAX_PAIRED_GROUP_WASTE = 4
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
@@ -151,15 +153,16 @@ def whole_lanes(weight: np.ndarray) -> np.ndarray:
     return zeros_after(weight, -1, wide)
 
 
-def block_diagonal(weight: np.ndarray, groups: int) -> Optional[tuple[np.ndarray, int]]:
+def block_diagonal(weight: np.ndarray, groups: int, waste: float = MAX_GROUP_WASTE
+                   ) -> Optional[tuple[np.ndarray, int]]:
     """A grouped HWIO weight ``[KH, KW, CI / groups, CO]`` as the weight of a product of 16-channel blocks,
     ``[KH, KW, K, CO']``, and ``block``: every ``block = max(16, CO / groups)`` output channels read ``K``
     input channels from ``o // block * K`` (their groups' channels); zero where a channel is outside an output
     channel's group; ``CO'``: whole 16s (:func:`whole_lanes`). None where groups do not tile 16 channels, ``K``
-    is odd, or the block computes over :data:`MAX_GROUP_WASTE` times its useful products."""
+    is odd, or the block computes over ``waste`` times its useful products."""
     kh, kw, ci_group, co = weight.shape
     co_group = co // groups
-    if co_group % BF16_LANES and (BF16_LANES % co_group or BF16_LANES // co_group > MAX_GROUP_WASTE):
+    if co_group % BF16_LANES and (BF16_LANES % co_group or BF16_LANES // co_group > waste):
         return None
     span, block = ci_group * max(1, BF16_LANES // co_group), max(BF16_LANES, co_group)
     wide = whole_lanes(weight)
@@ -241,6 +244,12 @@ class _BF16Products(relax.PyExprMutator):
         strides, padding = [int(s) for s in a.strides], [int(p) for p in a.padding]
         dilation = [int(d) for d in a.dilation]
         if grouped_nhwc(call):
+            width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
+            paired = block_diagonal(weight, int(a.groups), MAX_PAIRED_GROUP_WASTE) if self.amx else None
+            if paired is not None and pairs_taps(paired[0].shape, paired[1], strides, dilation, width):
+                self.convs += 1
+                return self._product(_paired_conv_product, call.args[0], _packed(paired_taps(paired[0])),
+                                     paired[0].shape[:2], padding, weight.shape[-1], name="bfloat_group_conv2d")
             diagonal = block_diagonal(weight, int(a.groups))
             if diagonal is not None:
                 self.convs += 1
@@ -406,6 +415,55 @@ def _grouped_conv_product(data: te.Tensor, weight: te.Tensor, groups: int, strid
     return te.compute((int(data.shape[0]), out_h, out_w, co), lambda b, y, x, o: te.sum(
         a32[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], channel(o)]
         * weight[ry, rx, rc, o], axis=axes), name="group_conv_bf16")
+
+
+def pairs_taps(shape: tuple[int, ...], block: int, strides: list[int], dilation: list[int], width: int) -> bool:
+    """Whether a grouped convolution's block-diagonal weight (``shape``: ``[KH, KW, K, CO']``, every ``block``
+    output channels reading ``K`` input channels) takes its AMX form in tap pairs
+    (:func:`_paired_conv_product`): 16 channels a block, half a tile's depth, two taps of a row filling it;
+    stride 1, and output rows of a ``width``-pixel padded input that a tile's rows divide."""
+    kh, kw, k, _ = shape
+    if k * BF16_PAIR != AMX_DEPTH or block != BF16_LANES or kw < 2 or list(strides) != [1, 1]:
+        return False
+    return list(dilation) == [1, 1] and fits_tiles(width - kw + 1)
+
+
+def paired_taps(weight: np.ndarray) -> np.ndarray:
+    """A block-diagonal weight ``[KH, KW, K, CO']`` as ``[KH, ceil(KW / 2), 2K, CO']``: taps ``2q`` and ``2q + 1``
+    of a row side by side along the channels (zero past the row's last tap)."""
+    kh, kw, k, co = weight.shape
+    pairs = -(-kw // 2)
+    padded = np.zeros((kh, 2 * pairs, k, co), weight.dtype)
+    padded[:, :kw] = weight
+    return np.ascontiguousarray(padded.reshape(kh, pairs, 2 * k, co))
+
+
+def _paired_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], padding: list[int],
+                         channels: int) -> te.Tensor:
+    """A grouped convolution of 16-channel blocks (:func:`block_diagonal`; AMX targets, stride 1) with each two
+    taps of a row in ``A16``'s channels: ``A16[b, y, x, (g, t, c)]`` is padded pixel ``(y, x + t)``, channel
+    ``16 g + c``, so output ``x``'s pair ``q`` reads ``A16[b, y + ry, x + 2q, (g, :, :)]``: 32 values a row of a
+    tile, as its depth takes them, where a block's own channels are 16 (twice the activation's bytes; a
+    3-tap row computes 4)."""
+    n, h, w, _ = (int(d) for d in data.shape)
+    depth = int(packed.shape[-3]) * BF16_PAIR
+    k, blocks = depth // 2, int(packed.shape[0])
+    (kh, kw), pairs = taps, int(packed.shape[2])
+    top, left, bottom, right = padding
+    out_h, out_w = h + top + bottom - kh + 1, w + left + right - kw + 1
+
+    def rounded(b, y, x, j):
+        yy, xx = y - top, x + j % depth // k - left
+        return _channel_bits(data, blocks * k, [yy >= 0, yy < h, xx >= 0, xx < w], b, yy, xx,
+                             j // depth * k + j % k)
+
+    a16 = te.compute((n, out_h + kh - 1, out_w + 2 * (pairs - 1), blocks * depth), rounded, name="A16")
+    ry, qx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, pairs), name="qx")
+    rc = te.reduce_axis((0, depth), name="rc")
+    return _cut(te.compute((n, out_h, out_w, blocks * BF16_LANES), lambda b, y, x, o: te.sum(
+        bf16_to_f32(a16[b, y + ry, x + 2 * qx, o // BF16_LANES * depth + rc]) * bf16_to_f32(
+            packed[o // BF16_LANES, ry, qx, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
+        axis=[ry, qx, rc]), name="conv_bf16"), channels)
 
 
 def _rounded_values(data: te.Tensor, padding: list[int]) -> te.Tensor:
