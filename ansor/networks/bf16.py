@@ -19,10 +19,10 @@ leading dimensions) rounds and packs both operands in the kernel instead (``A16`
 For a target with AMX, the rows of a dense layer or of a product of two activations that no tile's rows
 divide (ViT's 197 tokens) are padded to the multiple of a tile's rows that takes the fewest tiles
 (:func:`amx_padded_rows`): the product runs on 208 rows, the output is its first 197; and a
-strided convolution reads its input in phases (:func:`_phased_conv_product`), so that a row of its outputs
+strided convolution reads its input in phases (:func:`phased_conv_product`), so that a row of its outputs
 reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads). A
 convolution of fewer input channels than a tile's 32 (an RGB stem) unfolds its taps into ``A16``'s channels
-instead (:func:`_unfolded_conv_product`): all of them (a 3x3 stem's 27 values as 32), or each row of taps
+instead (:func:`unfolded_conv_product`): all of them (a 3x3 stem's 27 values as 32), or each row of taps
 (ResNet-50's 7x7: 21 as 32), where they fill the tile's 32 at most twice over.
 
 A grouped convolution whose groups tile 16 output channels (RegNet's and ResNeXt's) is a product of 16-channel
@@ -31,7 +31,7 @@ blocks, each reading the input channels of its groups, its weight zero outside e
 pass :data:`MAX_GROUP_WASTE` (a depthwise convolution, MobileNet's: each output channel reads one channel of
 its own, not one pair that 16 lanes share), the convolution rounds its inputs all the same (``A32``: the
 activation's bf16 values as fp32; the weight's, rounded here), and multiplies and adds them in fp32 FMA
-(:func:`_grouped_conv_product`): OpenVINO's bf16 numbers, and an activation between it and the layers
+(:func:`grouped_conv_product`): OpenVINO's bf16 numbers, and an activation between it and the layers
 around it may be stored as bf16 bits (:mod:`.bf16_storage`), half the bytes of a memory-bound layer.
 
 The PrimFunc is marked output-element-wise fusable, so ``FuseOps`` gives it the layer's epilogue (bias, ReLU,
@@ -52,8 +52,12 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from ..state.tensor_intrin import AMX_DEPTH, AMX_ROWS, BF16_BITS, bf16_bits_to_f32, bf16_to_f32, round_to_bf16
-from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_bits_where, bf16_matmul, bf16_rounded, unpadded
+from ..state.tensor_intrin import AMX_DEPTH, AMX_ROWS, BF16_BITS, bf16_bits_to_f32, round_to_bf16
+from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul
+from .bf16_products import (
+    conv_product, dense_product, grouped_conv_product, paired_conv_product, phased_conv_product,
+    unfolded_conv_product,
+)
 from .bf16_storage import Product, store_bits
 from .calls import called_prim_func, mutate_relax_functions
 from .channel_padding import padded_channels
@@ -86,7 +90,7 @@ MAX_PADDED_CHANNELS = 1 / 2
 #: outside each group): RegNet-Y-400MF's 14 layers of groups of 8 (5 tasks), per-task bests after 10 minutes,
 #: fp32 FMA 1.05 ms, dot products 0.85 (Zen 4); no task slower.
 MAX_GROUP_WASTE = 2
-#: The same for a grouped convolution in AMX tiles, two taps a tile row (:func:`_paired_conv_product`).
+#: The same for a grouped convolution in AMX tiles, two taps a tile row (:func:`paired_conv_product`).
 MAX_PAIRED_GROUP_WASTE = 4
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
@@ -188,13 +192,6 @@ def even_channels(weight: np.ndarray) -> np.ndarray:
     return zeros_after(weight, -2, ci + 1)
 
 
-def _channel_bits(data: te.Tensor, channels: int, inside: list, *index) -> tvm.tirx.PrimExpr:
-    """``data[index]`` as bf16 bits where ``inside`` holds, in an ``A16`` of ``channels`` channels: zero in
-    the channel :func:`even_channels` adds."""
-    ci = int(data.shape[-1])
-    return bf16_bits_where(inside + ([index[-1] < ci] if channels != ci else []), data(*index))
-
-
 def _float32(expr: relax.Expr) -> bool:
     return str(getattr(expr.ty, "dtype", "")) == "float32"
 
@@ -248,17 +245,17 @@ class _BF16Products(relax.PyExprMutator):
             paired = block_diagonal(weight, int(a.groups), MAX_PAIRED_GROUP_WASTE) if self.amx else None
             if paired is not None and pairs_taps(paired[0].shape, paired[1], strides, dilation, width):
                 self.convs += 1
-                return self._product(_paired_conv_product, call.args[0], _packed(paired_taps(paired[0])),
+                return self._product(paired_conv_product, call.args[0], _packed(paired_taps(paired[0])),
                                      paired[0].shape[:2], padding, weight.shape[-1], name="bfloat_group_conv2d")
             diagonal = block_diagonal(weight, int(a.groups))
             if diagonal is not None:
                 self.convs += 1
                 blocks, block = diagonal
-                return self._product(_conv_product, call.args[0], _packed(blocks), blocks.shape[:2], strides,
+                return self._product(conv_product, call.args[0], _packed(blocks), blocks.shape[:2], strides,
                                      padding, dilation, weight.shape[-1], block, name="bfloat_group_conv2d")
             self.grouped += 1
             rounded = relax.const(bf16_bits_to_f32(round_to_bf16(weight)))
-            return self._product(_grouped_conv_product, call.args[0], rounded, int(a.groups), strides, padding,
+            return self._product(grouped_conv_product, call.args[0], rounded, int(a.groups), strides, padding,
                                  dilation, name="bfloat_group_conv2d")
         if not (ungrouped_nhwc(call) or ungrouped_ndhwc(call)):
             return None
@@ -269,13 +266,13 @@ class _BF16Products(relax.PyExprMutator):
         self.convs += 1
         taps = weight.shape[:-2]
         if len(taps) == 3:  # a 3-D convolution: no AMX phases
-            return self._product(_conv_product, call.args[0], _packed(weight), taps, strides, padding, dilation,
+            return self._product(conv_product, call.args[0], _packed(weight), taps, strides, padding, dilation,
                                  channels, name="bfloat_conv3d")
         width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
         unfold = self.amx and unfolded_taps(wide.shape, strides, dilation, width)
         if unfold:
             unfolded = unfold_weight(wide, unfold)
-            return self._product(_unfolded_conv_product, call.args[0], _packed(unfolded), taps, strides, padding,
+            return self._product(unfolded_conv_product, call.args[0], _packed(unfolded), taps, strides, padding,
                                  unfold, channels, name="bfloat_conv2d")
         in_phases = self.amx and phased(taps, strides, dilation, width)
         if self.amx and (in_phases or list(strides) == [1, 1] or tuple(taps) == (1, 1)):  # forms tiles take
@@ -283,9 +280,9 @@ class _BF16Products(relax.PyExprMutator):
             out_h, out_w = ((size - t) // st + 1 for size, t, st in zip((height, width), taps, strides))
             weight = tile_depth(weight, out_h * out_w if tuple(taps) == (1, 1) else out_w)
         if in_phases:
-            return self._product(_phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
+            return self._product(phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
                                  taps, strides, padding, channels, name="bfloat_conv2d")
-        return self._product(_conv_product, call.args[0], _packed(weight), taps, strides, padding,
+        return self._product(conv_product, call.args[0], _packed(weight), taps, strides, padding,
                              dilation, channels, name="bfloat_conv2d")
 
     def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
@@ -302,7 +299,7 @@ class _BF16Products(relax.PyExprMutator):
         rows = [d for d in lead if d != 1]
         if self.amx and len(rows) == 1 and (tiled := amx_padded_rows(rows[0])):
             lead[lead.index(rows[0])] = tiled
-        return self._product(_dense_product, data, _packed(weight), tuple(lead), columns, name="bfloat_dense")
+        return self._product(dense_product, data, _packed(weight), tuple(lead), columns, name="bfloat_dense")
 
     def _batched(self, call: relax.Call) -> Optional[relax.Expr]:
         a, b = (_static_shape(x) for x in call.args[:2])
@@ -320,107 +317,10 @@ class _BF16Products(relax.PyExprMutator):
                                      primfunc_name_hint="bfloat_matmul", primfunc_attrs=_OUT_FUSABLE)
 
 
-def _conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, ...], strides: list[int],
-                  padding: list[int], dilation: list[int], channels: int, block: int = 0) -> te.Tensor:
-    """Channels-last output (NHWC, or NDHWC for a 3-D convolution) of the convolution of ``data`` (rounded,
-    padded: ``A16``) by the packed weight, its first ``channels`` (the rest are :func:`whole_lanes`' zero
-    channels); ``block``, a grouped one's: every ``block`` output channels read the next ``K`` input channels
-    (:func:`block_diagonal`), where without it all read all."""
-    n = int(data.shape[0])
-    ci = k = int(packed.shape[-3]) * BF16_PAIR
-    if block:
-        ci = int(packed.shape[0]) * BF16_LANES // block * k
-    elif tuple(taps) == (1, 1) and not any(padding) and tuple(strides) != (1, 1):
-        return _cut(_subsampled_product(data, packed, strides), channels)
-    a16 = _padded_a16(data, ci, padding)
-    names = ("rz", "ry", "rx")[-len(taps):]
-    rtaps = [te.reduce_axis((0, t), name=name) if t > 1 else 0 for t, name in zip(taps, names)]
-    rc = te.reduce_axis((0, k), name="rc")
-    axes = [r for r in rtaps if not isinstance(r, int)] + [rc]
-
-    def channel(o):
-        return o // block * k + rc if block else rc
-
-    def product(b, *index):
-        *out, o = index
-        pixel = [p * s + r * d for p, s, r, d in zip(out, strides, rtaps, dilation)]
-        return te.sum(bf16_to_f32(a16[(b, *pixel, channel(o))]) * bf16_to_f32(
-            packed[(o // BF16_LANES, *rtaps, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR)]), axis=axes)
-
-    shape = (n, *_out_size(a16, taps, strides, dilation), packed.shape[0] * BF16_LANES)
-    return _cut(te.compute(shape, _channels_last(product, len(taps)), name="conv_bf16"), channels)
-
-
-def _channels_last(f: Callable, dims: int) -> Callable:
-    """``f(b, *pixel, c)`` with its parameters named (TE names a computation's loops after them, ``i0, i1, ...``
-    for ``*args``): ``b, y, x, c``, or ``b, z, y, x, c`` for a 3-D convolution."""
-    if dims == 2:
-        return lambda b, y, x, c: f(b, y, x, c)
-    return lambda b, z, y, x, c: f(b, z, y, x, c)
-
-
-def _cut(product: te.Tensor, channels: int) -> te.Tensor:
-    """A convolution's output without the zero channels :func:`whole_lanes` added."""
-    return unpadded(product, (*(int(d) for d in product.shape[:-1]), channels), "conv_bf16_unpadded")
-
-
-def _padded_bits(data: te.Tensor, channels: int, padding: list[int]) -> tuple[tuple[int, ...], Callable]:
-    """The shape and the element of ``data`` (channels last, 2-D or 3-D) rounded to bf16 bits and zero-padded
-    (``padding``: the front of each spatial axis, then the back: top, left, bottom, right; ``channels``: with
-    the zero channel of :func:`even_channels`)."""
-    n, *space, _ = (int(d) for d in data.shape)
-    before, after = padding[:len(space)], padding[len(space):]
-
-    def rounded(b, *index):
-        *pixel, c = index
-        if not any(padding):
-            return _channel_bits(data, channels, [], b, *pixel, c)
-        inside = [cond for p, lo, size in zip(pixel, before, space) for cond in (p >= lo, p < size + lo)]
-        return _channel_bits(data, channels, inside, b, *(p - lo for p, lo in zip(pixel, before)), c)
-
-    shape = (n, *(size + lo + hi for size, lo, hi in zip(space, before, after)), channels)
-    return shape, _channels_last(rounded, len(space))
-
-
-def _padded_a16(data: te.Tensor, channels: int, padding: list[int]) -> te.Tensor:
-    """``A16`` of a convolution: ``data`` rounded to bf16 bits and zero-padded (:func:`_padded_bits`); an
-    unpadded activation its producer stored as bf16 bits (:mod:`.bf16_storage`) is ``A16`` as it is."""
-    if data.dtype == BF16_BITS and not any(padding) and channels == int(data.shape[-1]):
-        return data
-    return te.compute(*_padded_bits(data, channels, padding), name="A16")
-
-
-def _out_size(a16: te.Tensor, taps: tuple[int, ...], strides: list[int], dilation: list[int]) -> tuple[int, ...]:
-    """The output size along each spatial axis of a convolution over the padded ``a16``."""
-    return tuple((int(a16.shape[1 + i]) - dilation[i] * (taps[i] - 1) - 1) // strides[i] + 1
-                 for i in range(len(taps)))
-
-
-def _grouped_conv_product(data: te.Tensor, weight: te.Tensor, groups: int, strides: list[int],
-                          padding: list[int], dilation: list[int]) -> te.Tensor:
-    """NHWC output of a grouped (depthwise: one channel a group) convolution of ``data`` (rounded, padded:
-    ``A32``) by ``weight`` (HWIO, ``[KH, KW, CI / groups, CO]``, fp32 values of bf16), in fp32 FMA: output
-    channel ``o`` reads the input channels of its group, ``o // (CO / groups)``."""
-    kh, kw, ci_group, co = (int(d) for d in weight.shape)
-    co_group = co // groups
-    a32 = _rounded_values(data, padding)
-    out_h, out_w = _out_size(a32, (kh, kw), strides, dilation)
-    ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
-    rc = te.reduce_axis((0, ci_group), name="rc") if ci_group > 1 else 0
-    axes = [ry, rx] + ([rc] if ci_group > 1 else [])
-
-    def channel(o):
-        return o if (ci_group, co_group) == (1, 1) else o // co_group * ci_group + rc
-
-    return te.compute((int(data.shape[0]), out_h, out_w, co), lambda b, y, x, o: te.sum(
-        a32[b, y * strides[0] + ry * dilation[0], x * strides[1] + rx * dilation[1], channel(o)]
-        * weight[ry, rx, rc, o], axis=axes), name="group_conv_bf16")
-
-
 def pairs_taps(shape: tuple[int, ...], block: int, strides: list[int], dilation: list[int], width: int) -> bool:
     """Whether a grouped convolution's block-diagonal weight (``shape``: ``[KH, KW, K, CO']``, every ``block``
     output channels reading ``K`` input channels) takes its AMX form in tap pairs
-    (:func:`_paired_conv_product`): 16 channels a block, half a tile's depth, two taps of a row filling it;
+    (:func:`paired_conv_product`): 16 channels a block, half a tile's depth, two taps of a row filling it;
     stride 1, and output rows of a ``width``-pixel padded input that a tile's rows divide."""
     kh, kw, k, _ = shape
     if k * BF16_PAIR != AMX_DEPTH or block != BF16_LANES or kw < 2 or list(strides) != [1, 1]:
@@ -436,58 +336,6 @@ def paired_taps(weight: np.ndarray) -> np.ndarray:
     padded = np.zeros((kh, 2 * pairs, k, co), weight.dtype)
     padded[:, :kw] = weight
     return np.ascontiguousarray(padded.reshape(kh, pairs, 2 * k, co))
-
-
-def _paired_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], padding: list[int],
-                         channels: int) -> te.Tensor:
-    """A grouped convolution of 16-channel blocks (:func:`block_diagonal`; AMX targets, stride 1) with each two
-    taps of a row in ``A16``'s channels: ``A16[b, y, x, (g, t, c)]`` is padded pixel ``(y, x + t)``, channel
-    ``16 g + c``, so output ``x``'s pair ``q`` reads ``A16[b, y + ry, x + 2q, (g, :, :)]``: 32 values a row of a
-    tile, as its depth takes them, where a block's own channels are 16 (twice the activation's bytes; a
-    3-tap row computes 4)."""
-    n, h, w, _ = (int(d) for d in data.shape)
-    depth = int(packed.shape[-3]) * BF16_PAIR
-    k, blocks = depth // 2, int(packed.shape[0])
-    (kh, kw), pairs = taps, int(packed.shape[2])
-    top, left, bottom, right = padding
-    out_h, out_w = h + top + bottom - kh + 1, w + left + right - kw + 1
-
-    def rounded(b, y, x, j):
-        yy, xx = y - top, x + j % depth // k - left
-        return _channel_bits(data, blocks * k, [yy >= 0, yy < h, xx >= 0, xx < w], b, yy, xx,
-                             j // depth * k + j % k)
-
-    a16 = te.compute((n, out_h + kh - 1, out_w + 2 * (pairs - 1), blocks * depth), rounded, name="A16")
-    ry, qx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, pairs), name="qx")
-    rc = te.reduce_axis((0, depth), name="rc")
-    return _cut(te.compute((n, out_h, out_w, blocks * BF16_LANES), lambda b, y, x, o: te.sum(
-        bf16_to_f32(a16[b, y + ry, x + 2 * qx, o // BF16_LANES * depth + rc]) * bf16_to_f32(
-            packed[o // BF16_LANES, ry, qx, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=[ry, qx, rc]), name="conv_bf16"), channels)
-
-
-def _rounded_values(data: te.Tensor, padding: list[int]) -> te.Tensor:
-    """``A32``: ``data`` rounded to bf16 (or, stored as bf16 bits, decoded) as fp32 values, zero-padded. A
-    depthwise layer's FMAs read each input element once a tap: converted here, the search may convert it once
-    (MobileNet-V3's 3x3 and 5x5 ones, reading bits converted at each tap: 7-43 % slower than fp32; Zen 4)."""
-    shape, bits = _padded_bits(data, int(data.shape[-1]), padding)
-    return te.compute(shape, lambda b, y, x, ch: bf16_to_f32(bits(b, y, x, ch)), name="A32")
-
-
-def _subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) -> te.Tensor:
-    """A strided 1x1 convolution as a product over the pixels it reads, gathered as they are rounded
-    (``A16``): a row of outputs is then a box of ``A16``, as an AMX tile loads it, where in ``data`` it is
-    every second pixel (a stride-2 tile's rows, which TensorIR cannot match to a box)."""
-    n, h, w, _ = (int(d) for d in data.shape)
-    ci = int(packed.shape[-3]) * BF16_PAIR
-    sy, sx = strides
-    shape = (n, (h - 1) // sy + 1, (w - 1) // sx + 1, ci)
-    a16 = te.compute(shape, lambda b, y, x, c: _channel_bits(data, ci, [], b, y * sy, x * sx, c), name="A16")
-    rc = te.reduce_axis((0, ci), name="rc")
-    return te.compute((*shape[:3], packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
-        bf16_to_f32(a16[b, y, x, rc])
-        * bf16_to_f32(packed[o // BF16_LANES, 0, 0, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=rc), name="conv_bf16")
 
 
 def padded_to(extent: int, multiple: int) -> Optional[int]:
@@ -515,7 +363,7 @@ def amx_padded_rows(rows: int) -> Optional[int]:
 
 def phased(taps: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> bool:
     """Whether a strided convolution of a ``width``-pixel padded input takes its AMX form
-    (:func:`_phased_conv_product`): taps wider than the stride (a 1x1 one gathers its pixels instead), at most
+    (:func:`phased_conv_product`): taps wider than the stride (a 1x1 one gathers its pixels instead), at most
     :data:`MAX_PHASE_WASTE` products more, and output rows a tile's rows divide (Inception's 17 do not: that
     form would only add products to ``vdpbf16ps``)."""
     if list(dilation) != [1, 1] or list(strides) == [1, 1] or all(k <= s for k, s in zip(taps, strides)):
@@ -535,34 +383,6 @@ def phase_weight(weight: np.ndarray, strides: list[int]) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(qh, sy, qw, sx, ci, co))
 
 
-def _phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
-                         padding: list[int], channels: int) -> te.Tensor:
-    """A strided convolution (AMX targets) over its input in phases: ``A16[b, py, px, y, x, c]`` is padded
-    pixel ``(sy * y + py, sx * x + px)`` and a tap ``(sy * qy + py, sx * qx + px)`` reads ``A16[b, py, px,
-    y + qy, x + qx, c]``, so consecutive outputs read consecutive pixels of a phase: a row of outputs is a box,
-    as an AMX tile loads it, where in the activation it is every second pixel. The reduction runs over
-    ``qy, py, qx, px`` and the channels, the taps past the kernel's zero (:func:`phase_weight`)."""
-    n, h, w, _ = (int(d) for d in data.shape)
-    ci = int(packed.shape[-3]) * BF16_PAIR
-    (kh, kw), (sy, sx) = taps, strides
-    top, left, bottom, right = padding
-    qh, qw = -(-kh // sy), -(-kw // sx)
-    out_h, out_w = (h + top + bottom - kh) // sy + 1, (w + left + right - kw) // sx + 1
-
-    def rounded(b, py, px, y, x, c):
-        yy, xx = y * sy + py - top, x * sx + px - left
-        return _channel_bits(data, ci, [yy >= 0, yy < h, xx >= 0, xx < w], b, yy, xx, c)
-
-    a16 = te.compute((n, sy, sx, out_h + qh - 1, out_w + qw - 1, ci), rounded, name="A16")
-    qy, py = te.reduce_axis((0, qh), name="qy"), te.reduce_axis((0, sy), name="py")
-    qx, px = te.reduce_axis((0, qw), name="qx"), te.reduce_axis((0, sx), name="px")
-    rc = te.reduce_axis((0, ci), name="rc")
-    return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
-        bf16_to_f32(a16[b, py, px, y + qy, x + qx, rc]) * bf16_to_f32(
-            packed[o // BF16_LANES, qy, py, qx, px, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=[qy, py, qx, px, rc]), name="conv_bf16"), channels)
-
-
 def tile_depth(weight: np.ndarray, rows: int) -> np.ndarray:
     """An HWIO weight with zero input channels up to a multiple of a tile's 32 (AMX), where a tile's rows
     divide the output's ``rows`` (a row of pixels; a 1x1 convolution's, all of them) and the product grows
@@ -576,7 +396,7 @@ def tile_depth(weight: np.ndarray, rows: int) -> np.ndarray:
 
 def unfolded_taps(shape: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> int:
     """How many of a 2-D convolution's taps (``shape``: its HWIO weight) an AMX target unfolds into ``A16``'s
-    channels (:func:`_unfolded_conv_product`): all of them where their values fit :data:`MAX_UNFOLDED`
+    channels (:func:`unfolded_conv_product`): all of them where their values fit :data:`MAX_UNFOLDED`
     (MobileNet's 3x3 RGB stem: 27 as 32), else each row of taps (ResNet-50's 7x7: 21 as 32, ViT-B/16's 16x16
     patches: 48 as 64), padded to whole tiles' 32 with at most :data:`MAX_DEPTH_WASTE` times the products;
     0 (not unfolded) where the channels fill a tile as they are, no tile's rows divide the output's, or
@@ -601,61 +421,3 @@ def unfold_weight(weight: np.ndarray, taps: int) -> np.ndarray:
                        padded_channels(taps * ci, AMX_DEPTH))
 
 
-def _unfolded_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
-                           padding: list[int], unfold: int, channels: int) -> te.Tensor:
-    """A convolution of few input channels (AMX targets) with ``unfold`` of its taps in ``A16``'s channels:
-    ``A16[b, y, x, (t, c)]`` is the padded pixel that output ``(y, x)``'s tap ``t`` reads, channel ``c`` (all
-    taps unfolded: a 1x1 convolution over them), or, a row of taps unfolded, that output column's tap ``t``
-    in padded input row ``y`` (a ``KH x 1`` convolution of vertical stride ``sy`` over them). Consecutive
-    outputs of a row then read a box of ``A16``, 32 or 64 channels deep, as AMX tiles take it, where the
-    activation holds 3 channels a pixel, strided."""
-    n, h, w, ci = (int(d) for d in data.shape)
-    k = int(packed.shape[-3]) * BF16_PAIR
-    (kh, kw), (sy, sx) = taps, strides
-    top, left, bottom, right = padding
-    out_h, out_w = (h + top + bottom - kh) // sy + 1, (w + left + right - kw) // sx + 1
-    full = unfold == kh * kw
-
-    def rounded(b, y, x, j):
-        t, c = j // ci, j % ci
-        yy = (y * sy + t // kw if full else y) - top
-        xx = x * sx + t % kw - left
-        return bf16_bits_where([j < unfold * ci, yy >= 0, yy < h, xx >= 0, xx < w], data(b, yy, xx, c))
-
-    a16 = te.compute((n, out_h if full else h + top + bottom, out_w, k), rounded, name="A16")
-    rc = te.reduce_axis((0, k), name="rc")
-    ry = 0 if full else te.reduce_axis((0, kh), name="ry")
-    axes = [rc] if full else [ry, rc]
-    return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
-        bf16_to_f32(a16[b, y if full else y * sy + ry, x, rc]) * bf16_to_f32(
-            packed[o // BF16_LANES, ry, 0, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=axes), name="conv_bf16"), channels)
-
-
-def _dense_product(data: te.Tensor, packed: te.Tensor, padded: tuple[int, ...], columns: int) -> te.Tensor:
-    """``data @ weight`` over the last axis of ``data`` (rounded: ``A16``) and the packed weight, its leading
-    dimensions ``padded``: more rows than ``data`` has pads it with zero rows, computed and never read, in a
-    product without the unit dimensions after the padded one (rows then columns, as a tile product takes
-    them: ``[197, 1, 768]`` on 208 rows); the output is cut back to ``data``'s rows and ``columns`` (without
-    :func:`whole_lanes`' zero columns)."""
-    *lead, k = (int(d) for d in data.shape)
-    grown = [j for j, (p, d) in enumerate(zip(padded, lead)) if p != d]
-    rows = [j for j in range(len(lead)) if not grown or j <= grown[0] or lead[j] != 1]
-
-    def a16_bits(*i):
-        index = [0] * len(lead)
-        for j, v in zip(rows, i):
-            index[j] = v
-        return bf16_bits_where([index[j] < lead[j] for j in rows if padded[j] != lead[j]], data(*index, i[-1]))
-
-    a16 = bf16_rounded(data, (*padded, k)) if len(rows) == len(lead) else te.compute(
-        (*(padded[j] for j in rows), k), a16_bits, name="A16")
-    r = te.reduce_axis((0, k), name="k")
-    product = te.compute((*(padded[j] for j in rows), packed.shape[0] * BF16_LANES), lambda *i: te.sum(
-        bf16_to_f32(a16(*i[:-1], r))
-        * bf16_to_f32(packed[i[-1] // BF16_LANES, r // BF16_PAIR, i[-1] % BF16_LANES, r % BF16_PAIR]),
-        axis=r), name="dense_bf16")
-    if len(rows) == len(lead):
-        return unpadded(product, (*lead, columns), "dense_bf16_unpadded")
-    return te.compute((*lead, columns), lambda *i: product(*(i[j] for j in rows), i[-1]),
-                      name="dense_bf16_unpadded")
