@@ -30,7 +30,7 @@ from ansor.log.records import load_records
 from ansor.networks import NetworkError, apply_history_best, apply_schedules, build, compare_outputs, extract
 from ansor.networks.bf16 import (
     BF16_BUILD_RTOL, BF16_NOISE_SLACK, BF16_VS_FP32_RTOL, amx_padded_rows, pack_weight, padded_to,
-    paired_taps,
+    paired_taps, phase_weight,
 )
 from ansor.networks.default_schedule import default_state
 from ansor.networks.evaluate import OutputComparison, run
@@ -57,7 +57,7 @@ class Dense:
         return y
 
 
-def conv_network(x: tuple[int, ...], w: tuple[int, ...], strides, padding=0) -> tvm.IRModule:
+def conv_network(x: tuple[int, ...], w: tuple[int, ...], strides, padding=0, groups=1) -> tvm.IRModule:
     """A network that is one NHWC/HWIO (NDHWC/DHWIO for a 5-D ``x``) convolution of its input ``x`` by ``w``."""
     bb = relax.BlockBuilder()
     args = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (("x", x), ("w", w))]
@@ -65,7 +65,8 @@ def conv_network(x: tuple[int, ...], w: tuple[int, ...], strides, padding=0) -> 
                                                                                         "HWIO")
     with bb.function("main", args):
         with bb.dataflow():
-            y = bb.emit_output(conv(*args, strides=strides, padding=padding, data_layout=data, kernel_layout=kernel))
+            y = bb.emit_output(conv(*args, strides=strides, padding=padding, groups=groups, data_layout=data,
+                                    kernel_layout=kernel))
         bb.emit_func_output(y)
     return bb.get()
 
@@ -897,6 +898,41 @@ def test_an_amx_target_computes_16_channel_groups_with_two_taps_in_a_tile_row():
     a = np.maximum(grouped_conv(np.pad(bf16(x), pad), bf16(params["w1"]), 5), 0)
     b = grouped_conv(bf16(a), bf16(params["w2"]), 2)
     want = grouped_conv(np.pad(bf16(b), pad), bf16(params["w3"]), 8)
+    assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
+
+
+def test_an_amx_target_computes_a_strided_grouped_convolution_in_phases_with_taps_paired():
+    """A stride-2 grouped 3x3 convolution of groups of 8 on an AMX target: its weight in 2 x 2 phases of 2 x 2
+    taps, each phase row's two taps side by side in a tile row's 32 channels; tile programs searched, and
+    numerics where the CPU has AMX (the stride-1 output, every second pixel)."""
+    weight = np.random.default_rng(2).standard_normal((3, 3, 16, 32)).astype(np.float32)
+    phases = phase_weight(weight, [2, 2])  # [qy, py, qx, px, K, CO]
+    pairs = paired_taps(phases, axis=2)
+    assert pairs.shape == (2, 2, 1, 2, 32, 32)
+    assert np.array_equal(pairs[:, :, 0, :, :16], phases[:, :, 0]) and np.array_equal(pairs[:, :, 0, :, 16:],
+                                                                                       phases[:, :, 1])
+    mod = conv_network((1, 16, 16, 32), (3, 3, 8, 32), strides=2, padding=1, groups=4)
+    params = params_of(mod)
+    ex = extract(as_network(mod, params), AMX, precision=BF16)
+    [task] = [t.task for t in ex.tasks]
+    assert ((2, 2, 2, 1, 2, 16, 16, 2), BF16_BITS) in program.arg_specs(task)
+    sketches = generate_sketches(task)
+    assert (BF16Intrin.AMX_TILE_8x16x32.value,) in {tuple(intrinsics_of(s)) for s in sketches}
+    states = sample_initial_population(task, sketches, 8, random.Random(0))
+    amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_8x16x32.value]][:2]
+    assert amx, "no AMX program sampled"
+    if MatrixUnit.AMX not in host_cpu().matrix_units:
+        pytest.skip(f"this CPU ({host_cpu().model}) has no AMX: the phased pairs are compile-checked only")
+    allow_amx()
+    arrays = program.random_inputs(task)
+    want = program.run_program(program.build_program(task, None), arrays)[-1]
+    for state in amx:
+        got = program.run_program(program.build_program(task, state), arrays)[-1]
+        assert np.abs(got - want).max() <= 128 * 2.0 ** -23 * np.abs(want).max()  # 72 useful terms of 128
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 16, 16, 32)).astype(np.float32)
+    [got] = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=AMX), AMX), ex.network, [x], AMX)
+    full = grouped_conv(np.pad(bf16(x), ((0, 0), (1, 1), (1, 1), (0, 0))), bf16(params["w"]), 4)
+    want = full[:, ::2, ::2]
     assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
 
 

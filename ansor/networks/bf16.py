@@ -56,7 +56,7 @@ from ..state.tensor_intrin import AMX_DEPTH, AMX_ROWS, BF16_BITS, bf16_bits_to_f
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul
 from .bf16_products import (
     conv_product, dense_product, grouped_conv_product, paired_conv_product, phased_conv_product,
-    unfolded_conv_product,
+    phased_paired_conv_product, unfolded_conv_product,
 )
 from .bf16_storage import Product, store_bits
 from .calls import called_prim_func, mutate_relax_functions
@@ -245,8 +245,13 @@ class _BF16Products(relax.PyExprMutator):
             paired = block_diagonal(weight, int(a.groups), MAX_PAIRED_GROUP_WASTE) if self.amx else None
             if paired is not None and pairs_taps(paired[0].shape, paired[1], strides, dilation, width):
                 self.convs += 1
-                return self._product(paired_conv_product, call.args[0], _packed(paired_taps(paired[0])),
-                                     paired[0].shape[:2], padding, weight.shape[-1], name="bfloat_group_conv2d")
+                blocks, taps = paired[0], paired[0].shape[:2]
+                if list(strides) == [1, 1]:
+                    return self._product(paired_conv_product, call.args[0], _packed(paired_taps(blocks)), taps,
+                                         padding, weight.shape[-1], name="bfloat_group_conv2d")
+                return self._product(phased_paired_conv_product, call.args[0],
+                                     _packed(paired_taps(phase_weight(blocks, strides), axis=2)), taps, strides,
+                                     padding, weight.shape[-1], name="bfloat_group_conv2d")
             diagonal = block_diagonal(weight, int(a.groups))
             if diagonal is not None:
                 self.convs += 1
@@ -319,23 +324,29 @@ class _BF16Products(relax.PyExprMutator):
 
 def pairs_taps(shape: tuple[int, ...], block: int, strides: list[int], dilation: list[int], width: int) -> bool:
     """Whether a grouped convolution's block-diagonal weight (``shape``: ``[KH, KW, K, CO']``, every ``block``
-    output channels reading ``K`` input channels) takes its AMX form in tap pairs
-    (:func:`paired_conv_product`): 16 channels a block, half a tile's depth, two taps of a row filling it;
-    stride 1, and output rows of a ``width``-pixel padded input that a tile's rows divide."""
+    output channels reading ``K`` input channels) takes its AMX form in tap pairs: 16 channels a block, half
+    a tile's depth, two taps of a row filling it; stride 1 with output rows of a ``width``-pixel padded input
+    that a tile's rows divide (:func:`paired_conv_product`), or a strided one in phases (:func:`phased`) of two
+    taps or more a row (:func:`phased_paired_conv_product`)."""
     kh, kw, k, _ = shape
-    if k * BF16_PAIR != AMX_DEPTH or block != BF16_LANES or kw < 2 or list(strides) != [1, 1]:
+    if k * BF16_PAIR != AMX_DEPTH or block != BF16_LANES or list(dilation) != [1, 1]:
         return False
-    return list(dilation) == [1, 1] and fits_tiles(width - kw + 1)
+    if list(strides) == [1, 1]:
+        return kw >= 2 and fits_tiles(width - kw + 1)
+    return -(-kw // strides[1]) >= 2 and phased((kh, kw), strides, dilation, width)
 
 
-def paired_taps(weight: np.ndarray) -> np.ndarray:
-    """A block-diagonal weight ``[KH, KW, K, CO']`` as ``[KH, ceil(KW / 2), 2K, CO']``: taps ``2q`` and ``2q + 1``
-    of a row side by side along the channels (zero past the row's last tap)."""
-    kh, kw, k, co = weight.shape
-    pairs = -(-kw // 2)
-    padded = np.zeros((kh, 2 * pairs, k, co), weight.dtype)
-    padded[:, :kw] = weight
-    return np.ascontiguousarray(padded.reshape(kh, pairs, 2 * k, co))
+def paired_taps(weight: np.ndarray, axis: int = 1) -> np.ndarray:
+    """A weight ``[..., K, CO']`` (block-diagonal HWIO; or in phases, :func:`phase_weight`) with the taps along
+    ``axis`` in pairs side by side along the channels: ``[KH, ceil(KW / 2), 2K, CO']``, taps ``2q`` and
+    ``2q + 1`` of a row as channels ``c`` and ``K + c`` (zero past the row's last tap)."""
+    taps, k, co = weight.shape[axis], weight.shape[-2], weight.shape[-1]
+    pairs = -(-taps // 2)
+    padding = [(0, 0)] * weight.ndim
+    padding[axis] = (0, 2 * pairs - taps)
+    split = np.pad(weight, padding).reshape(*weight.shape[:axis], pairs, 2, *weight.shape[axis + 1:])
+    together = np.moveaxis(split, axis + 1, -3)
+    return np.ascontiguousarray(together.reshape(*together.shape[:-3], 2 * k, co))
 
 
 def padded_to(extent: int, multiple: int) -> Optional[int]:

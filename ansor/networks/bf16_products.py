@@ -207,6 +207,35 @@ def paired_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int
         axis=[ry, qx, rc]), name="conv_bf16"), channels)
 
 
+def phased_paired_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
+                               padding: list[int], channels: int) -> te.Tensor:
+    """A strided grouped convolution of 16-channel blocks (AMX targets) in phases (:func:`phased_conv_product`)
+    with each two taps of a phase's row in ``A16``'s channels (:func:`paired_conv_product`): ``A16[b, py, px,
+    y, x, (g, t, c)]`` is padded pixel ``(sy * y + py, sx * (x + t) + px)``, channel ``16 g + c``; the
+    reduction runs over ``qy, py``, the pairs ``qp``, ``px`` and the 32 channels (:func:`.bf16.paired_taps`)."""
+    n, h, w, _ = (int(d) for d in data.shape)
+    depth = int(packed.shape[-3]) * BF16_PAIR
+    k, blocks = depth // 2, int(packed.shape[0])
+    (kh, kw), (sy, sx) = taps, strides
+    top, left, bottom, right = padding
+    qh, pairs = -(-kh // sy), int(packed.shape[3])
+    out_h, out_w = (h + top + bottom - kh) // sy + 1, (w + left + right - kw) // sx + 1
+
+    def rounded(b, py, px, y, x, j):
+        yy, xx = y * sy + py - top, (x + j % depth // k) * sx + px - left
+        return _channel_bits(data, blocks * k, [yy >= 0, yy < h, xx >= 0, xx < w], b, yy, xx,
+                             j // depth * k + j % k)
+
+    a16 = te.compute((n, sy, sx, out_h + qh - 1, out_w + 2 * (pairs - 1), blocks * depth), rounded, name="A16")
+    qy, py = te.reduce_axis((0, qh), name="qy"), te.reduce_axis((0, sy), name="py")
+    qp, px = te.reduce_axis((0, pairs), name="qp"), te.reduce_axis((0, sx), name="px")
+    rc = te.reduce_axis((0, depth), name="rc")
+    return _cut(te.compute((n, out_h, out_w, blocks * BF16_LANES), lambda b, y, x, o: te.sum(
+        bf16_to_f32(a16[b, py, px, y + qy, x + 2 * qp, o // BF16_LANES * depth + rc]) * bf16_to_f32(
+            packed[o // BF16_LANES, qy, py, qp, px, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
+        axis=[qy, py, qp, px, rc]), name="conv_bf16"), channels)
+
+
 def grouped_conv_product(data: te.Tensor, weight: te.Tensor, groups: int, strides: list[int],
                           padding: list[int], dilation: list[int]) -> te.Tensor:
     """NHWC output of a grouped (depthwise: one channel a group) convolution of ``data`` (rounded, padded:
