@@ -936,6 +936,35 @@ def test_an_amx_target_computes_a_strided_grouped_convolution_in_phases_with_tap
     assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("taps", [3, 1])
+def test_an_amx_target_widens_rows_no_tile_divides_with_zero_columns(taps):
+    """SqueezeNet's 13-pixel rows: a stride-1 convolution on AMX computes 14 columns (the input padded with a
+    zero column on the right more) in 14-row tiles, and cuts its output back to 13."""
+    mod = conv_network((1, 13, 13, 32), (taps, taps, 32, 32), strides=1, padding=taps // 2)
+    params = params_of(mod)
+    ex = extract(as_network(mod, params), AMX, precision=BF16)
+    [task] = [t.task for t in ex.tasks]
+    assert "conv_bf16[v_b, v_y, v_x, v_c]" in str(task.compute_dag) and "S14" in str(task.compute_dag)
+    sketches = generate_sketches(task)
+    assert (BF16Intrin.AMX_TILE_14x16x32.value,) in {tuple(intrinsics_of(s)) for s in sketches}
+    if MatrixUnit.AMX not in host_cpu().matrix_units:
+        pytest.skip(f"this CPU ({host_cpu().model}) has no AMX: the widened rows are compile-checked only")
+    allow_amx()
+    states = sample_initial_population(task, sketches, 8, random.Random(0))
+    amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_14x16x32.value]][:2]
+    assert amx, "no AMX program sampled"
+    arrays = program.random_inputs(task)
+    want = program.run_program(program.build_program(task, None), arrays)[-1]
+    for state in amx:
+        got = program.run_program(program.build_program(task, state), arrays)[-1]
+        assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * np.abs(want).max()
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 13, 13, 32)).astype(np.float32)
+    [got] = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=AMX), AMX), ex.network, [x], AMX)
+    assert got.shape == (1, 13, 13, 32)
+    want = np_conv(bf16(x), params["w"], taps // 2)
+    assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * np.abs(want).max()
+
+
 # A video network's stem: 3 input channels (read as 4), 3x7x7 taps, strides 1x2x2, padding 1x3x3 (R(2+1)D's
 # and ResNet3D-18's), and one of its 3x3x3 convolutions of stride 2.
 CONV3D = {"stem": ((1, 4, 12, 12, 3), (3, 7, 7, 3, 16), (1, 2, 2), (1, 3, 3)),

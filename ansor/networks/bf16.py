@@ -92,6 +92,9 @@ MAX_PADDED_CHANNELS = 1 / 2
 MAX_GROUP_WASTE = 2
 #: The same for a grouped convolution in AMX tiles, two taps a tile row (:func:`paired_conv_product`).
 MAX_PAIRED_GROUP_WASTE = 4
+#: The narrowest output row a stride-1 convolution on AMX computes wider, with zero columns, to fill tiles'
+#: rows (:func:`amx_padded_rows`): SqueezeNet's 13-pixel rows as 14, its 55 as 56.
+MIN_WIDENED_ROW = 8
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
@@ -280,13 +283,21 @@ class _BF16Products(relax.PyExprMutator):
             return self._product(unfolded_conv_product, call.args[0], _packed(unfolded), taps, strides, padding,
                                  unfold, channels, name="bfloat_conv2d")
         in_phases = self.amx and phased(taps, strides, dilation, width)
+        out_w = wide_w = 0
         if self.amx and (in_phases or list(strides) == [1, 1] or tuple(taps) == (1, 1)):  # forms tiles take
             height = int(call.args[0].ty.shape[1]) + padding[0] + padding[2]
             out_h, out_w = ((size - t) // st + 1 for size, t, st in zip((height, width), taps, strides))
-            weight = tile_depth(weight, out_h * out_w if tuple(taps) == (1, 1) else out_w)
+            pixels = out_h * out_w if tuple(taps) == (1, 1) else out_w
+            if list(strides) == [1, 1] and not in_phases and not fits_tiles(pixels):
+                wide_w = amx_padded_rows(out_w, MIN_WIDENED_ROW) or 0
+            weight = tile_depth(weight, wide_w or pixels)
         if in_phases:
             return self._product(phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
                                  taps, strides, padding, channels, name="bfloat_conv2d")
+        if wide_w:  # zero columns on the right make rows a tile's; the output is cut back
+            return self._product(conv_product, call.args[0], _packed(weight), taps, strides,
+                                 [*padding[:3], padding[3] + wide_w - out_w], dilation, channels, 0, out_w,
+                                 name="bfloat_conv2d")
         return self._product(conv_product, call.args[0], _packed(weight), taps, strides, padding,
                              dilation, channels, name="bfloat_conv2d")
 
@@ -361,12 +372,13 @@ def fits_tiles(rows: int) -> bool:
     return any(rows % m == 0 for m in AMX_ROWS)
 
 
-def amx_padded_rows(rows: int) -> Optional[int]:
+def amx_padded_rows(rows: int, least: int = 16) -> Optional[int]:
     """The rows a product of ``rows`` rows computes on a target with AMX, where no tile's rows (``AMX_ROWS``)
     divide them: the next multiple of a tile's rows that adds at most :data:`MAX_PADDED_ROWS`, in the fewest
     tiles (ViT's 197 tokens, a prime: 208, 13 tiles of 16; 50 rows: 56, 4 of 14); None where a tile fits,
-    padding would cost more, or there are fewer than 16 (a handful of rows is not worth a tile)."""
-    if rows < 16 or fits_tiles(rows):
+    padding would cost more, or there are fewer than ``least`` (a handful of a dense layer's rows is not worth
+    a tile; a convolution's row of pixels repeats down the image, :data:`MIN_WIDENED_ROW`)."""
+    if rows < least or fits_tiles(rows):
         return None
     fits = [(padded // m, -m, padded) for m in AMX_ROWS if (padded := padded_to(rows, m)) is not None]
     return min(fits)[2] if fits else None

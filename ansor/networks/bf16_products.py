@@ -28,9 +28,12 @@ def _channels_last(f: Callable, dims: int) -> Callable:
     return lambda b, z, y, x, c: f(b, z, y, x, c)
 
 
-def _cut(product: te.Tensor, channels: int) -> te.Tensor:
-    """A convolution's output without the zero channels :func:`.bf16.whole_lanes` added."""
-    return unpadded(product, (*(int(d) for d in product.shape[:-1]), channels), "conv_bf16_unpadded")
+def _cut(product: te.Tensor, channels: int, width: int = 0) -> te.Tensor:
+    """A convolution's output without the zero channels :func:`.bf16.whole_lanes` added (and, ``width``, the
+    zero columns a row widened to a tile's rows computed)."""
+    shape = [int(d) for d in product.shape[:-1]]
+    shape[-1] = width or shape[-1]
+    return unpadded(product, (*shape, channels), "conv_bf16_unpadded")
 
 
 def _padded_bits(data: te.Tensor, channels: int, padding: list[int]) -> tuple[tuple[int, ...], Callable]:
@@ -73,12 +76,13 @@ def _out_size(a16: te.Tensor, taps: tuple[int, ...], strides: list[int], dilatio
                  for i in range(len(taps)))
 
 
-def conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, ...], strides: list[int],
-                  padding: list[int], dilation: list[int], channels: int, block: int = 0) -> te.Tensor:
+def conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, ...], strides: list[int], padding: list[int],
+                 dilation: list[int], channels: int, block: int = 0, width: int = 0) -> te.Tensor:
     """Channels-last output (NHWC, or NDHWC for a 3-D convolution) of the convolution of ``data`` (rounded,
     padded: ``A16``) by the packed weight, its first ``channels`` (the rest are :func:`.bf16.whole_lanes`' zero
     channels); ``block``, a grouped one's: every ``block`` output channels read the next ``K`` input channels
-    (:func:`.bf16.block_diagonal`), where without it all read all."""
+    (:func:`.bf16.block_diagonal`), where without it all read all; ``width``: the output's own width, where
+    ``padding`` adds zero columns on the right to widen its rows to a tile's (AMX)."""
     n = int(data.shape[0])
     ci = k = int(packed.shape[-3]) * BF16_PAIR
     if block:
@@ -101,7 +105,7 @@ def conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, ...], stri
             packed[(o // BF16_LANES, *rtaps, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR)]), axis=axes)
 
     shape = (n, *_out_size(a16, taps, strides, dilation), packed.shape[0] * BF16_LANES)
-    return _cut(te.compute(shape, _channels_last(product, len(taps)), name="conv_bf16"), channels)
+    return _cut(te.compute(shape, _channels_last(product, len(taps)), name="conv_bf16"), channels, width)
 
 
 def subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) -> te.Tensor:
