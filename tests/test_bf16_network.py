@@ -860,6 +860,27 @@ def test_groups_that_tile_16_channels_are_dot_products_of_block_diagonal_weights
             assert "vdpbf16ps" in asm.inspect_source("asm"), t.name
 
 
+def sampled_amx(task, intrin: BF16Intrin, sketches=None, count: int = 2) -> list:
+    """Up to ``count`` of 8 sampled programs of ``task`` built around ``intrin`` (at least one)."""
+    states = sample_initial_population(task, sketches or generate_sketches(task), 8, random.Random(0))
+    chosen = [s for s in states if intrinsics_of(s) == [intrin.value]][:count]
+    assert chosen, f"no {intrin.value} program sampled"
+    return chosen
+
+
+def runs_like_the_reference_on_amx(task, states, terms: int, form: str) -> None:
+    """Skip (compile-checked only) on a CPU without AMX; else each state computes the task's unscheduled
+    program's output within ``terms`` fp32 roundings."""
+    if MatrixUnit.AMX not in host_cpu().matrix_units:
+        pytest.skip(f"this CPU ({host_cpu().model}) has no AMX: {form} is compile-checked only")
+    allow_amx()
+    arrays = program.random_inputs(task)
+    want = program.run_program(program.build_program(task, None), arrays)[-1]
+    for state in states:
+        got = program.run_program(program.build_program(task, state), arrays)[-1]
+        assert np.abs(got - want).max() <= terms * 2.0 ** -23 * np.abs(want).max()
+
+
 def test_an_amx_target_computes_16_channel_groups_with_two_taps_in_a_tile_row():
     """On an AMX target a stride-1 grouped convolution of 16-channel blocks reads each two taps of a row as a
     tile row's 32 channels (its weight's taps in pairs, the third's partner zero) and searches tile programs;
@@ -877,21 +898,12 @@ def test_an_amx_target_computes_16_channel_groups_with_two_taps_in_a_tile_row():
     sketches = generate_sketches(task)
     assert {tuple(intrinsics_of(s)) for s in sketches} == {(BF16Intrin.AMX_TILE_8x16x32.value,),
                                                            (BF16Intrin.AVX512_DOT_16x2.value,)}
-    states = sample_initial_population(task, sketches, 8, random.Random(0))
-    amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_8x16x32.value]][:2]
-    assert amx, "no AMX program sampled"
+    amx = sampled_amx(task, BF16Intrin.AMX_TILE_8x16x32, sketches)
     asm = codegen.compile(program.schedule(task, amx[0]), task.target).mod.inspect_source("asm")
     assert "tdpbf16ps" in asm
     narrow = extract(as_network(grouped_layers(), params), AMX, precision=BF16).tasks  # 6-pixel rows: no tile
     assert any(((3, 3, 3, 8, 16, 2), BF16_BITS) in program.arg_specs(t.task) for t in narrow)
-    if MatrixUnit.AMX not in host_cpu().matrix_units:
-        pytest.skip(f"this CPU ({host_cpu().model}) has no AMX: the paired form is compile-checked only")
-    allow_amx()
-    arrays = program.random_inputs(task)
-    want = program.run_program(program.build_program(task, None), arrays)[-1]
-    for state in amx:
-        got = program.run_program(program.build_program(task, state), arrays)[-1]
-        assert np.abs(got - want).max() <= 96 * 2.0 ** -23 * np.abs(want).max()  # 72 useful terms of 96
+    runs_like_the_reference_on_amx(task, amx, 96, "the paired form")  # 72 useful terms of 96
     x = np.random.default_rng(5).uniform(-1, 1, (1, 8, 8, 40)).astype(np.float32)
     [got] = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=AMX), AMX), ex.network, [x], AMX)
     pad = ((0, 0), (1, 1), (1, 1), (0, 0))
@@ -918,17 +930,8 @@ def test_an_amx_target_computes_a_strided_grouped_convolution_in_phases_with_tap
     assert ((2, 2, 2, 1, 2, 16, 16, 2), BF16_BITS) in program.arg_specs(task)
     sketches = generate_sketches(task)
     assert (BF16Intrin.AMX_TILE_8x16x32.value,) in {tuple(intrinsics_of(s)) for s in sketches}
-    states = sample_initial_population(task, sketches, 8, random.Random(0))
-    amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_8x16x32.value]][:2]
-    assert amx, "no AMX program sampled"
-    if MatrixUnit.AMX not in host_cpu().matrix_units:
-        pytest.skip(f"this CPU ({host_cpu().model}) has no AMX: the phased pairs are compile-checked only")
-    allow_amx()
-    arrays = program.random_inputs(task)
-    want = program.run_program(program.build_program(task, None), arrays)[-1]
-    for state in amx:
-        got = program.run_program(program.build_program(task, state), arrays)[-1]
-        assert np.abs(got - want).max() <= 128 * 2.0 ** -23 * np.abs(want).max()  # 72 useful terms of 128
+    amx = sampled_amx(task, BF16Intrin.AMX_TILE_8x16x32, sketches)
+    runs_like_the_reference_on_amx(task, amx, 128, "the phased pairs")  # 72 useful terms of 128
     x = np.random.default_rng(5).uniform(-1, 1, (1, 16, 16, 32)).astype(np.float32)
     [got] = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=AMX), AMX), ex.network, [x], AMX)
     full = grouped_conv(np.pad(bf16(x), ((0, 0), (1, 1), (1, 1), (0, 0))), bf16(params["w"]), 4)
@@ -947,17 +950,8 @@ def test_an_amx_target_widens_rows_no_tile_divides_with_zero_columns(taps):
     assert "conv_bf16[v_b, v_y, v_x, v_c]" in str(task.compute_dag) and "S14" in str(task.compute_dag)
     sketches = generate_sketches(task)
     assert (BF16Intrin.AMX_TILE_14x16x32.value,) in {tuple(intrinsics_of(s)) for s in sketches}
-    if MatrixUnit.AMX not in host_cpu().matrix_units:
-        pytest.skip(f"this CPU ({host_cpu().model}) has no AMX: the widened rows are compile-checked only")
-    allow_amx()
-    states = sample_initial_population(task, sketches, 8, random.Random(0))
-    amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_14x16x32.value]][:2]
-    assert amx, "no AMX program sampled"
-    arrays = program.random_inputs(task)
-    want = program.run_program(program.build_program(task, None), arrays)[-1]
-    for state in amx:
-        got = program.run_program(program.build_program(task, state), arrays)[-1]
-        assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * np.abs(want).max()
+    amx = sampled_amx(task, BF16Intrin.AMX_TILE_14x16x32, sketches)
+    runs_like_the_reference_on_amx(task, amx, 288, "the widened rows")
     x = np.random.default_rng(3).uniform(-1, 1, (1, 13, 13, 32)).astype(np.float32)
     [got] = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=AMX), AMX), ex.network, [x], AMX)
     assert got.shape == (1, 13, 13, 32)
