@@ -297,23 +297,24 @@ def _vector_run(indices, var: tirx.Var, extents: dict[str, int]) -> int:
 
 
 def _moves_in_lanes(indices, var: tirx.Var, run: int, extents: dict[str, int]) -> bool:
-    dtype = str(var.ty)
-    outer, lane = tirx.Var("run_outer", dtype), tirx.Var("run_lane", dtype)
+    """Whether, with ``var = run * outer + lane``, the last index moves by ``lane`` from the run's start and the
+    others not at all."""
+    outer, lane = (tirx.Var(name, str(var.ty)) for name in ("run_outer", "run_lane"))
+    others = {v.name: v for i in indices for v in undefined_vars(i) if v.name in extents and v.name != var.name}
     analyzers = []
     for start in (outer * run, outer * run + lane):
         analyzer = sym.Analyzer()
-        for v in {v.name: v for i in indices for v in undefined_vars(i)}.values():
-            if v.name in extents and v.name != var.name:
-                analyzer.bind(v, tvm.ir.Range(0, extents[v.name]))
+        for v in others.values():
+            analyzer.bind(v, tvm.ir.Range(0, extents[v.name]))
         analyzer.bind(outer, tvm.ir.Range(0, extents[var.name] // run))
         analyzer.bind(lane, tvm.ir.Range(0, run))
         analyzer.bind(var, start)
         analyzers.append(analyzer)
     first, moved = analyzers
     for d, index in enumerate(indices):
-        step = moved.simplify(moved.simplify(index) - first.simplify(index))
         want = lane if d == len(indices) - 1 else 0
-        if not isinstance(moved.simplify(step - want), E.IntImm) or int(moved.simplify(step - want)) != 0:
+        left = moved.simplify(moved.simplify(index) - first.simplify(index) - want)
+        if not isinstance(left, E.IntImm) or int(left) != 0:
             return False
     return True
 
