@@ -396,3 +396,21 @@ def test_a_softmax_row_no_vector_divides_reduces_in_lanes_and_matches_numpy():
     f(tvm.runtime.tensor(a), out)
     e = np.exp(a.astype(np.float64) - a.max(axis=1, keepdims=True))
     np.testing.assert_allclose(out.numpy(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_a_masked_softmax_gives_exact_zeros_without_denormals():
+    """A causal mask's -3.4e38 scores (GPT-2's) give exact zeros, the exp of their clamped difference, so no
+    step underflows to a denormal; terms below e^-80 are 0, NaN stays NaN, the rest match numpy."""
+    x = te.placeholder((4, 32), "float32", name="x")
+    f = tvm.compile(te.create_prim_func([x, fast_math.softmax(x)]), target="llvm")
+    a = np.random.default_rng(1).standard_normal((4, 32)).astype("float32")
+    a[0, 1:] = np.finfo(np.float32).min  # masked: the row is its first score
+    a[1, :16] -= 85.0  # past SOFTMAX_FLUSH from the row's maximum: exp would be ~1e-37, here 0
+    a[2, 5] = np.nan
+    out = tvm.runtime.tensor(np.zeros_like(a))
+    f(tvm.runtime.tensor(a), out)
+    got = out.numpy()
+    assert got[0, 0] == 1.0 and not got[0, 1:].any()
+    assert not got[1, :16].any() and np.isnan(got[2]).all()
+    e = np.exp(a[[1, 3]].astype(np.float64) - a[[1, 3]].max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got[[1, 3]], e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-30)
