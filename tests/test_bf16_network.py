@@ -30,7 +30,7 @@ from ansor.log.records import load_records
 from ansor.networks import NetworkError, apply_history_best, apply_schedules, build, compare_outputs, extract
 from ansor.networks.bf16 import (
     BF16_BUILD_RTOL, BF16_NOISE_SLACK, BF16_VS_FP32_RTOL, amx_padded_rows, pack_weight, padded_to,
-    paired_taps, phase_weight,
+    paired_taps, phase_weight, widened_row,
 )
 from ansor.networks.default_schedule import default_state
 from ansor.networks.evaluate import OutputComparison, run
@@ -236,6 +236,8 @@ def test_dense_rows_no_tile_divides_are_padded_for_amx_within_an_eighth():
     assert amx_padded_rows(50) == 56  # 4 tiles of 14, where 64 rows would add 28 %
     assert amx_padded_rows(56) is None and amx_padded_rows(49) is None  # tiles of 14 and 7 divide them
     assert amx_padded_rows(17) is None  # 32 (or 21 in tiles of 7) would add more than an eighth
+    assert widened_row(17) == 21 and widened_row(13) == 14  # a convolution's rows: up to a quarter more
+    assert widened_row(9) == 0 and widened_row(14) == 0  # 12 would add a third; 14 fits tiles of 14
     assert padded_to(197, 16) == 208 and padded_to(197, 2) == 198 and padded_to(8, 16) is None  # 8 -> 16: +100 %
 
 
@@ -929,24 +931,39 @@ def test_an_amx_target_computes_a_strided_grouped_convolution_in_phases_with_tap
     assert np.abs(got - want).max() <= 64 * 2.0 ** -23 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("taps", [3, 1])
-def test_an_amx_target_widens_rows_no_tile_divides_with_zero_columns(taps):
-    """SqueezeNet's 13-pixel rows: a stride-1 convolution on AMX computes 14 columns (the input padded with a
-    zero column on the right more) in 14-row tiles, and cuts its output back to 13."""
-    mod = conv_network((1, 13, 13, 32), (taps, taps, 32, 32), strides=1, padding=taps // 2)
+# Output rows no tile divides, on AMX: (input, weight, strides, padding, the rows computed, the tile's rows).
+WIDENED = {"3x3": ((1, 13, 13, 32), (3, 3, 32, 32), 1, 1, 14, 14),  # SqueezeNet's 13 as 14
+           "1x7": ((1, 17, 17, 32), (1, 7, 32, 32), 1, (0, 3), 21, 7),  # Inception's 17 as 21
+           "strided": ((1, 35, 35, 32), (3, 3, 32, 32), 2, 0, 21, 7),  # 35 to 17, in phases, as 21
+           "stem": ((1, 35, 35, 3), (3, 3, 3, 16), 2, 0, 21, 7),  # RGB taps unfolded, 17 as 21
+           "1x1": ((1, 13, 13, 32), (1, 1, 32, 32), 1, 0, 176, 16)}  # 169 pixels as 176 rows
+
+
+def conv2d_reference(x: np.ndarray, w: np.ndarray, strides, padding) -> np.ndarray:
+    """NHWC/HWIO convolution in float64: :func:`conv3d_reference` over a unit depth."""
+    strides, padding = (strides, strides) if np.isscalar(strides) else strides, np.broadcast_to(padding, 2)
+    return conv3d_reference(x[:, None], w[None], (1, *strides), (0, *padding))[:, 0]
+
+
+@pytest.mark.parametrize("case", WIDENED)
+def test_an_amx_target_widens_rows_no_tile_divides_with_zero_columns(case):
+    """A convolution on AMX whose output rows no tile divides computes them wider (its input padded with zero
+    columns on the right more; a strided one in phases) in tiles and cuts its output back; a 1x1 one pads its
+    pixels, as a dense layer its rows. Numerics where the CPU has AMX."""
+    x_shape, w_shape, strides, padding, rows, tile = WIDENED[case]
+    mod = conv_network(x_shape, w_shape, strides=strides, padding=padding)
     params = params_of(mod)
     ex = extract(as_network(mod, params), AMX, precision=BF16)
     [task] = [t.task for t in ex.tasks]
-    assert "conv_bf16[v_b, v_y, v_x, v_c]" in str(task.compute_dag) and "S14" in str(task.compute_dag)
-    sketches = generate_sketches(task)
-    assert (BF16Intrin.AMX_TILE_14x16x32.value,) in {tuple(intrinsics_of(s)) for s in sketches}
-    amx = sampled_amx(task, BF16Intrin.AMX_TILE_14x16x32, sketches)
-    runs_like_the_reference_on_amx(task, amx, 288, "the widened rows")
-    x = np.random.default_rng(3).uniform(-1, 1, (1, 13, 13, 32)).astype(np.float32)
+    assert "conv_bf16_unpadded" in str(task.compute_dag) and f"S{rows}," in str(task.compute_dag)
+    intrin = BF16Intrin[f"AMX_TILE_{tile}x16x32"]
+    amx = sampled_amx(task, intrin)
+    runs_like_the_reference_on_amx(task, amx, 2 * np.prod(w_shape[:3]), f"the widened {case} rows")
+    x = np.random.default_rng(3).uniform(-1, 1, x_shape).astype(np.float32)
     [got] = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=AMX), AMX), ex.network, [x], AMX)
-    assert got.shape == (1, 13, 13, 32)
-    want = np_conv(bf16(x), params["w"], taps // 2)
-    assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * np.abs(want).max()
+    want = conv2d_reference(bf16(x), bf16(params["w"]), strides, padding)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 2 * np.prod(w_shape[:3]) * 2.0 ** -23 * np.abs(want).max()
 
 
 # A video network's stem: 3 input channels (read as 4), 3x7x7 taps, strides 1x2x2, padding 1x3x3 (R(2+1)D's
@@ -983,3 +1000,30 @@ def test_a_3d_convolution_computes_bf16_inputs_with_fp32_sums(case):
               if "bfloat_conv3d" in t.name]
     asm = codegen.compile(program.schedule(task, default_state(task)), task.target).mod.inspect_source("asm")
     assert "vdpbf16ps" in asm
+
+
+# The same two on AMX, with rows of 8 outputs (a tile's 8 rows): the stem's rows of 7 taps unfolded into A16's
+# channels (21 values as 32), the strided one's input in two phases along its rows.
+CONV3D_AMX = {"stem": ((1, 2, 6, 16, 3), (3, 7, 7, 3, 16), (1, 2, 2), (1, 3, 3), (1, 3, 7, 1, 16, 16, 2)),
+              "strided": ((1, 3, 4, 16, 32), (3, 3, 3, 32, 32), (2, 2, 2), (1, 1, 1), (2, 3, 3, 2, 2, 16, 16, 2))}
+
+
+@pytest.mark.parametrize("case", CONV3D_AMX)
+def test_an_amx_target_computes_3d_stems_and_strided_3d_convolutions_in_tiles(case):
+    """On an AMX target ResNet3D-18's stem reads each row of taps as one tile row's channels and its strided
+    3x3x3 convolutions read their input in phases along rows: tile programs are searched (the assembly holds
+    ``tdpbf16ps``), and where the CPU has AMX they compute the bf16 convolution."""
+    x_shape, w_shape, strides, padding, packed = CONV3D_AMX[case]
+    mod = conv_network(x_shape, w_shape, strides, padding)
+    params = params_of(mod)
+    ex = extract(as_network(mod, params), AMX, precision=BF16)
+    [task] = [t.task for t in ex.tasks if "bfloat_conv3d" in t.name]
+    assert (packed, BF16_BITS) in program.arg_specs(task)
+    amx = sampled_amx(task, BF16Intrin.AMX_TILE_8x16x32)
+    assert "tdpbf16ps" in codegen.compile(program.schedule(task, amx[0]), task.target).mod.inspect_source("asm")
+    runs_like_the_reference_on_amx(task, amx, 2 * np.prod(w_shape[:4]), f"the 3-D {case} form")
+    x = np.random.default_rng(6).uniform(-1, 1, x_shape).astype(np.float32)
+    [got] = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=AMX), AMX), ex.network, [x], AMX)
+    want = conv3d_reference(bf16(x), bf16(params["w"]), strides, padding)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= np.prod(w_shape[:4]) * 2.0 ** -23 * np.abs(want).max()

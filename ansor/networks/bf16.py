@@ -1,9 +1,10 @@
 """A network's products in bf16, as OpenVINO and oneDNN mean it: each convolution's and dense layer's inputs
 rounded to bf16, every product and sum in fp32, everything else (epilogues, norms, softmax) fp32.
 
-Each eligible ``conv2d`` (NHWC/HWIO, no groups), ``conv3d`` (NDHWC/DHWIO, no groups: a depth tap more, no AMX
-phases) and ``matmul`` by a constant ``[K, N]`` weight becomes one PrimFunc of two stages, the form
-:class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles around the CPU's bf16 dot product:
+Each eligible ``conv2d`` (NHWC/HWIO, no groups), ``conv3d`` (NDHWC/DHWIO, no groups: a depth tap more; on AMX,
+strided ones in phases along rows only, :func:`row_phased_conv_product`) and ``matmul`` by a constant ``[K, N]``
+weight becomes one PrimFunc of two stages, the form :class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles
+around the CPU's bf16 dot product:
 
 1. ``A16``: the activation rounded to bf16 bits (``uint16``) at the kernel's load, its padding included (an
    activation only such products read is stored as bf16 bits by its producer instead, :mod:`.bf16_storage`,
@@ -23,7 +24,9 @@ strided convolution reads its input in phases (:func:`phased_conv_product`), so 
 reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads). A
 convolution of fewer input channels than a tile's 32 (an RGB stem) unfolds its taps into ``A16``'s channels
 instead (:func:`unfolded_conv_product`): all of them (a 3x3 stem's 27 values as 32), or each row of taps
-(ResNet-50's 7x7: 21 as 32), where they fill the tile's 32 at most twice over.
+(ResNet-50's 7x7: 21 as 32), where they fill the tile's 32 at most twice over. A convolution's output rows
+that no tile's rows divide are computed wider, on zero columns, and cut back (:func:`widened_row`: Inception's
+17 pixels as 21); a 1x1 one's pixels are padded instead, as a dense layer's rows (:func:`pixel_rows_product`).
 
 A grouped convolution whose groups tile 16 output channels (RegNet's and ResNeXt's) is a product of 16-channel
 blocks, each reading the input channels of its groups, its weight zero outside each output channel's group
@@ -56,7 +59,7 @@ from ..state.tensor_intrin import AMX_DEPTH, AMX_ROWS, BF16_BITS, bf16_bits_to_f
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul
 from .bf16_products import (
     conv_product, dense_product, grouped_conv_product, paired_conv_product, phased_conv_product,
-    phased_paired_conv_product, unfolded_conv_product,
+    phased_paired_conv_product, pixel_rows_product, row_phased_conv_product, unfolded_conv_product,
 )
 from .bf16_storage import Product, store_bits
 from .calls import called_prim_func, mutate_relax_functions
@@ -92,9 +95,12 @@ MAX_PADDED_CHANNELS = 1 / 2
 MAX_GROUP_WASTE = 2
 #: The same for a grouped convolution in AMX tiles, two taps a tile row (:func:`paired_conv_product`).
 MAX_PAIRED_GROUP_WASTE = 4
-#: The narrowest output row a stride-1 convolution on AMX computes wider, with zero columns, to fill tiles'
-#: rows (:func:`amx_padded_rows`): SqueezeNet's 13-pixel rows as 14, its 55 as 56.
+#: The narrowest output row a convolution on AMX computes wider, with zero columns, to fill tiles' rows
+#: (:func:`widened_row`): SqueezeNet's 13-pixel rows as 14, its 55 as 56.
 MIN_WIDENED_ROW = 8
+#: How much wider, at most: Inception-V3's 17-pixel rows as 21 (3 tiles of 7), where they ran on vdpbf16ps
+#: near 190 GFLOPS (half its 10-minute bf16 build's 37 ms, 3.9x OpenVINO's; Xeon with AMX).
+MAX_WIDENED_ROWS = 1 / 4
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
@@ -273,30 +279,42 @@ class _BF16Products(relax.PyExprMutator):
             return None
         self.convs += 1
         taps = weight.shape[:-2]
-        if len(taps) == 3:  # a 3-D convolution: no AMX phases
-            return self._product(conv_product, call.args[0], _packed(weight), taps, strides, padding, dilation,
-                                 channels, name="bfloat_conv3d")
-        width = int(call.args[0].ty.shape[2]) + padding[1] + padding[3]
+        dims, kind = len(taps), f"bfloat_conv{len(taps)}d"
+        width = int(call.args[0].ty.shape[-2]) + padding[dims - 1] + padding[-1]
         unfold = self.amx and unfolded_taps(wide.shape, strides, dilation, width)
         if unfold:
-            unfolded = unfold_weight(wide, unfold)
-            return self._product(unfolded_conv_product, call.args[0], _packed(unfolded), taps, strides, padding,
-                                 unfold, channels, name="bfloat_conv2d")
+            out_w = (width - taps[-1]) // strides[-1] + 1
+            wide_w = 0 if fits_tiles(out_w) else widened_row(out_w)
+            return self._product(unfolded_conv_product, call.args[0], _packed(unfold_weight(wide, unfold)), taps,
+                                 strides, widened(padding, strides, out_w, wide_w), unfold, channels,
+                                 wide_w and out_w, name=kind)
+        if dims == 3:  # phases along rows (AMX), else as it is
+            if self.amx and row_phased(taps, strides, dilation, width):
+                return self._product(row_phased_conv_product, call.args[0],
+                                     _packed(row_phase_weight(weight, strides[-1])), taps, strides, padding,
+                                     channels, name=kind)
+            return self._product(conv_product, call.args[0], _packed(weight), taps, strides, padding, dilation,
+                                 channels, name=kind)
         in_phases = self.amx and phased(taps, strides, dilation, width)
         out_w = wide_w = 0
         if self.amx and (in_phases or list(strides) == [1, 1] or tuple(taps) == (1, 1)):  # forms tiles take
             height = int(call.args[0].ty.shape[1]) + padding[0] + padding[2]
             out_h, out_w = ((size - t) // st + 1 for size, t, st in zip((height, width), taps, strides))
             pixels = out_h * out_w if tuple(taps) == (1, 1) else out_w
-            if list(strides) == [1, 1] and not in_phases and not fits_tiles(pixels):
-                wide_w = amx_padded_rows(out_w, MIN_WIDENED_ROW) or 0
+            one_by_one = tuple(taps) == (1, 1) and list(strides) == [1, 1] and not any(padding)
+            if one_by_one and (rows := amx_padded_rows(pixels)):  # its pixels as a dense layer's rows
+                return self._product(pixel_rows_product, call.args[0], _packed(tile_depth(weight, rows)), rows,
+                                     channels, name="bfloat_conv2d")
+            if (list(strides) == [1, 1] or in_phases) and not fits_tiles(pixels):
+                wide_w = widened_row(out_w)
             weight = tile_depth(weight, wide_w or pixels)
-        if in_phases:
+        if in_phases:  # zero columns on the right (wide_w) make rows a tile's; the output is cut back
             return self._product(phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
-                                 taps, strides, padding, channels, name="bfloat_conv2d")
-        if wide_w:  # zero columns on the right make rows a tile's; the output is cut back
+                                 taps, strides, widened(padding, strides, out_w, wide_w), channels,
+                                 wide_w and out_w, name="bfloat_conv2d")
+        if wide_w:
             return self._product(conv_product, call.args[0], _packed(weight), taps, strides,
-                                 [*padding[:3], padding[3] + wide_w - out_w], dilation, channels, 0, out_w,
+                                 widened(padding, strides, out_w, wide_w), dilation, channels, 0, out_w,
                                  name="bfloat_conv2d")
         return self._product(conv_product, call.args[0], _packed(weight), taps, strides, padding,
                              dilation, channels, name="bfloat_conv2d")
@@ -360,11 +378,11 @@ def paired_taps(weight: np.ndarray, axis: int = 1) -> np.ndarray:
     return np.ascontiguousarray(together.reshape(*together.shape[:-3], 2 * k, co))
 
 
-def padded_to(extent: int, multiple: int) -> Optional[int]:
+def padded_to(extent: int, multiple: int, waste: float = MAX_PADDED_ROWS) -> Optional[int]:
     """``extent`` rounded up to a multiple of ``multiple`` (an attention product's 197 columns: 208, its 197
-    reduction channels: 198), if that adds at most :data:`MAX_PADDED_ROWS`; else None."""
+    reduction channels: 198), if that adds at most ``waste`` of it; else None."""
     padded = padded_channels(extent, multiple)
-    return padded if padded - extent <= MAX_PADDED_ROWS * extent else None
+    return padded if padded - extent <= waste * extent else None
 
 
 def fits_tiles(rows: int) -> bool:
@@ -372,26 +390,41 @@ def fits_tiles(rows: int) -> bool:
     return any(rows % m == 0 for m in AMX_ROWS)
 
 
-def amx_padded_rows(rows: int, least: int = 16) -> Optional[int]:
+def amx_padded_rows(rows: int, least: int = 16, waste: float = MAX_PADDED_ROWS) -> Optional[int]:
     """The rows a product of ``rows`` rows computes on a target with AMX, where no tile's rows (``AMX_ROWS``)
-    divide them: the next multiple of a tile's rows that adds at most :data:`MAX_PADDED_ROWS`, in the fewest
-    tiles (ViT's 197 tokens, a prime: 208, 13 tiles of 16; 50 rows: 56, 4 of 14); None where a tile fits,
-    padding would cost more, or there are fewer than ``least`` (a handful of a dense layer's rows is not worth
-    a tile; a convolution's row of pixels repeats down the image, :data:`MIN_WIDENED_ROW`)."""
+    divide them: the next multiple of a tile's rows that adds at most ``waste``, in the fewest tiles, then
+    rows (ViT's 197 tokens, a prime: 208, 13 tiles of 16; 50 rows: 56, 4 of 14; 13: 14, not 16); None
+    where a tile fits, padding would cost more, or there are fewer than ``least`` (a handful of a dense
+    layer's rows is not worth a tile)."""
     if rows < least or fits_tiles(rows):
         return None
-    fits = [(padded // m, -m, padded) for m in AMX_ROWS if (padded := padded_to(rows, m)) is not None]
-    return min(fits)[2] if fits else None
+    fits = [(padded // m, padded) for m in AMX_ROWS if (padded := padded_to(rows, m, waste)) is not None]
+    return min(fits)[1] if fits else None
+
+
+def widened(padding: list[int], strides: list[int], out_w: int, wide_w: int) -> list[int]:
+    """A convolution's ``padding`` (the last entry: the right's) with the zero columns that widen its output
+    rows from ``out_w`` to ``wide_w`` pixels (0: none)."""
+    return [*padding[:-1], padding[-1] + (wide_w - out_w) * strides[-1]] if wide_w else list(padding)
+
+
+def widened_row(out_w: int) -> int:
+    """The width a convolution's output rows that no tile's rows divide are computed at on AMX, zero columns
+    on the right (:data:`MIN_WIDENED_ROW`, :data:`MAX_WIDENED_ROWS`: a row repeats down the image, so a tile
+    short of it costs every row); 0 where they are not widened."""
+    return amx_padded_rows(out_w, MIN_WIDENED_ROW, MAX_WIDENED_ROWS) or 0
 
 
 def phased(taps: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> bool:
     """Whether a strided convolution of a ``width``-pixel padded input takes its AMX form
     (:func:`phased_conv_product`): taps wider than the stride (a 1x1 one gathers its pixels instead), at most
-    :data:`MAX_PHASE_WASTE` products more, and output rows a tile's rows divide (Inception's 17 do not: that
-    form would only add products to ``vdpbf16ps``)."""
+    :data:`MAX_PHASE_WASTE` products more, and output rows a tile's rows divide, widened
+    (:func:`widened_row`) or not (Inception's 17 as 21); else that form would only add products to
+    ``vdpbf16ps``."""
     if list(dilation) != [1, 1] or list(strides) == [1, 1] or all(k <= s for k, s in zip(taps, strides)):
         return False
-    if not fits_tiles((width - taps[1]) // strides[1] + 1):
+    out_w = (width - taps[1]) // strides[1] + 1
+    if not fits_tiles(out_w) and not widened_row(out_w):
         return False
     return np.prod([-(-k // s) * s / k for k, s in zip(taps, strides)]) <= MAX_PHASE_WASTE
 
@@ -418,29 +451,48 @@ def tile_depth(weight: np.ndarray, rows: int) -> np.ndarray:
 
 
 def unfolded_taps(shape: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> int:
-    """How many of a 2-D convolution's taps (``shape``: its HWIO weight) an AMX target unfolds into ``A16``'s
-    channels (:func:`unfolded_conv_product`): all of them where their values fit :data:`MAX_UNFOLDED`
-    (MobileNet's 3x3 RGB stem: 27 as 32), else each row of taps (ResNet-50's 7x7: 21 as 32, ViT-B/16's 16x16
-    patches: 48 as 64), padded to whole tiles' 32 with at most :data:`MAX_DEPTH_WASTE` times the products;
-    0 (not unfolded) where the channels fill a tile as they are, no tile's rows divide the output's, or
-    dilation spreads the taps."""
-    kh, kw, ci, _ = shape
-    out_w = (width - kw) // strides[1] + 1
-    if ci >= AMX_DEPTH or list(dilation) != [1, 1] or not fits_tiles(out_w):
+    """How many of a convolution's taps (``shape``: its HWIO or DHWIO weight) an AMX target unfolds into
+    ``A16``'s channels (:func:`unfolded_conv_product`): all of them where their values fit
+    :data:`MAX_UNFOLDED` (MobileNet's 3x3 RGB stem: 27 as 32), else each row of taps (ResNet-50's 7x7: 21 as
+    32, ViT-B/16's 16x16 patches: 48 as 64, ResNet3D-18's 3x7x7: 21 as 32), padded to whole tiles' 32 with at
+    most :data:`MAX_DEPTH_WASTE` times the products; 0 (not unfolded) where the channels fill a tile as they
+    are, no tile's rows divide the output's (widened or not: :func:`widened_row`), or dilation spreads the
+    taps."""
+    *taps, ci, _ = shape
+    out_w = (width - taps[-1]) // strides[-1] + 1
+    if ci >= AMX_DEPTH or any(d != 1 for d in dilation) or not (fits_tiles(out_w) or widened_row(out_w)):
         return 0
-    for taps in (kh * kw, kw):
-        values = taps * ci
+    for unfold in (int(np.prod(taps)), taps[-1]):
+        values = unfold * ci
         if values <= MAX_UNFOLDED and padded_channels(values, AMX_DEPTH) <= MAX_DEPTH_WASTE * values:
-            return taps
+            return unfold
     return 0
 
 
 def unfold_weight(weight: np.ndarray, taps: int) -> np.ndarray:
-    """An HWIO weight ``[KH, KW, CI, CO]`` as the weight of its unfolded convolution (:func:`unfolded_taps`):
-    ``[KH, 1, K, CO]`` (a row of taps unfolded) or ``[1, 1, K, CO]`` (all), each tap's channels in turn along
-    ``K`` and zeros after them up to a multiple of 32."""
-    kh, kw, ci, co = weight.shape
-    return zeros_after(weight.reshape(kh if taps == kw else 1, 1, taps * ci, co), 2,
-                       padded_channels(taps * ci, AMX_DEPTH))
+    """An HWIO (DHWIO) weight ``[KH, KW, CI, CO]`` as the weight of its unfolded convolution
+    (:func:`unfolded_taps`): ``[KH, 1, K, CO]`` (a row of taps unfolded; ``[KD, KH, 1, K, CO]``) or
+    ``[1, 1, K, CO]`` (all), each tap's channels in turn along ``K`` and zeros after them up to a multiple of 32."""
+    *lead, kw, ci, co = weight.shape
+    lead = lead if taps == kw else [1] * len(lead)
+    return zeros_after(weight.reshape(*lead, 1, taps * ci, co), -2, padded_channels(taps * ci, AMX_DEPTH))
 
 
+def row_phased(taps: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> bool:
+    """Whether a strided 3-D convolution of a ``width``-pixel padded input takes its AMX form
+    (:func:`row_phased_conv_product`): taps along the rows wider than their stride, at most
+    :data:`MAX_PHASE_WASTE` products more, and output rows a tile's rows divide."""
+    kw, sx = taps[-1], strides[-1]
+    if any(d != 1 for d in dilation) or kw <= sx or not fits_tiles((width - kw) // sx + 1):
+        return False
+    return -(-kw // sx) * sx / kw <= MAX_PHASE_WASTE
+
+
+def row_phase_weight(weight: np.ndarray, sx: int) -> np.ndarray:
+    """A DHWIO weight as ``[KD, KH, qx, px, CI, CO]``: tap ``(rz, ry, sx * qx + px)``, zero past the row's taps
+    (a row of 3 taps of stride 2 as 2 x 2, one zero)."""
+    *lead, kw, ci, co = weight.shape
+    qw = -(-kw // sx)
+    padded = np.zeros((*lead, qw * sx, ci, co), np.float32)
+    padded[..., :kw, :, :] = weight
+    return np.ascontiguousarray(padded.reshape(*lead, qw, sx, ci, co))

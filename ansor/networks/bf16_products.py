@@ -4,6 +4,7 @@ product of ``A16`` with the weight packed by :mod:`.bf16`, which decides which f
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import tvm
@@ -26,6 +27,12 @@ def _channels_last(f: Callable, dims: int) -> Callable:
     if dims == 2:
         return lambda b, y, x, c: f(b, y, x, c)
     return lambda b, z, y, x, c: f(b, z, y, x, c)
+
+
+def _loop_names(dims: int, last: str) -> list[str]:
+    """The names of a channels-last computation's pixel loops and its last one, ``last`` (``te.compute``'s
+    ``varargs_names``, for a function of ``b, *index``: TE would name them ``i0, i1, ...``)."""
+    return [*("z", "y", "x")[-dims:], last]
 
 
 def _cut(product: te.Tensor, channels: int, width: int = 0) -> te.Tensor:
@@ -124,13 +131,31 @@ def subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) -
         axis=rc), name="conv_bf16")
 
 
+def pixel_rows_product(data: te.Tensor, packed: te.Tensor, rows: int, channels: int) -> te.Tensor:
+    """A 1x1 stride-1 convolution whose pixels no tile's rows divide (AMX targets) as a dense layer over its
+    pixels, padded with zero pixels to ``rows`` (:func:`.bf16.amx_padded_rows`: Inception's 17 x 17 = 289 as
+    304, 19 tiles of 16): ``A16[b, p, c]`` is pixel ``(p // W, p % W)``, and output ``(y, x)`` is the product's
+    row ``W y + x``."""
+    n, h, w, _ = (int(d) for d in data.shape)
+    ci = int(packed.shape[-3]) * BF16_PAIR
+    a16 = te.compute((n, rows, ci), lambda b, p, c: _channel_bits(data, ci, [p < h * w], b, p // w, p % w, c),
+                     name="A16")
+    rc = te.reduce_axis((0, ci), name="rc")
+    product = te.compute((n, rows, packed.shape[0] * BF16_LANES), lambda b, p, o: te.sum(
+        bf16_to_f32(a16[b, p, rc])
+        * bf16_to_f32(packed[o // BF16_LANES, 0, 0, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
+        axis=rc), name="conv_bf16")
+    return te.compute((n, h, w, channels), lambda b, y, x, o: product[b, y * w + x, o], name="conv_bf16_unpadded")
+
+
 def phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
-                         padding: list[int], channels: int) -> te.Tensor:
+                         padding: list[int], channels: int, width: int = 0) -> te.Tensor:
     """A strided convolution (AMX targets) over its input in phases: ``A16[b, py, px, y, x, c]`` is padded
     pixel ``(sy * y + py, sx * x + px)`` and a tap ``(sy * qy + py, sx * qx + px)`` reads ``A16[b, py, px,
     y + qy, x + qx, c]``, so consecutive outputs read consecutive pixels of a phase: a row of outputs is a box,
     as an AMX tile loads it, where in the activation it is every second pixel. The reduction runs over
-    ``qy, py, qx, px`` and the channels, the taps past the kernel's zero (:func:`.bf16.phase_weight`)."""
+    ``qy, py, qx, px`` and the channels, the taps past the kernel's zero (:func:`.bf16.phase_weight`);
+    ``width``: the output's own width, where ``padding`` widens its rows (:func:`conv_product`)."""
     n, h, w, _ = (int(d) for d in data.shape)
     ci = int(packed.shape[-3]) * BF16_PAIR
     (kh, kw), (sy, sx) = taps, strides
@@ -149,38 +174,94 @@ def phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int
     return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
         bf16_to_f32(a16[b, py, px, y + qy, x + qx, rc]) * bf16_to_f32(
             packed[o // BF16_LANES, qy, py, qx, px, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=[qy, py, qx, px, rc]), name="conv_bf16"), channels)
+        axis=[qy, py, qx, px, rc]), name="conv_bf16"), channels, width)
 
 
-def unfolded_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
-                           padding: list[int], unfold: int, channels: int) -> te.Tensor:
-    """A convolution of few input channels (AMX targets) with ``unfold`` of its taps in ``A16``'s channels:
-    ``A16[b, y, x, (t, c)]`` is the padded pixel that output ``(y, x)``'s tap ``t`` reads, channel ``c`` (all
-    taps unfolded: a 1x1 convolution over them), or, a row of taps unfolded, that output column's tap ``t``
-    in padded input row ``y`` (a ``KH x 1`` convolution of vertical stride ``sy`` over them). Consecutive
-    outputs of a row then read a box of ``A16``, 32 or 64 channels deep, as AMX tiles take it, where the
-    activation holds 3 channels a pixel, strided."""
-    n, h, w, ci = (int(d) for d in data.shape)
+def _tap(t: tvm.tirx.PrimExpr, taps: tuple[int, ...], axis: int) -> tvm.tirx.PrimExpr:
+    """The tap along ``axis`` of unfolded tap ``t`` (taps in row-major order: the last axis's move fastest)."""
+    inner = math.prod(taps[axis + 1:])
+    index = t // inner if inner > 1 else t
+    return index if axis == 0 else index % taps[axis]
+
+
+def unfolded_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, ...], strides: list[int],
+                          padding: list[int], unfold: int, channels: int, width: int = 0) -> te.Tensor:
+    """A convolution of few input channels (AMX targets; 2-D or 3-D) with ``unfold`` of its taps in ``A16``'s
+    channels: ``A16[b, y, x, (t, c)]`` is the padded pixel that output ``(y, x)``'s tap ``t`` reads, channel
+    ``c`` (all taps unfolded: a 1x1 convolution over them), or, a row of taps unfolded, that output column's
+    tap ``t`` in padded input row ``y`` (a ``KH x 1`` convolution of vertical stride ``sy`` over them; for a
+    3-D one, ``b, z, y, x``: ``KD x KH x 1``). Consecutive outputs of a row then read a box of ``A16``, 32 or
+    64 channels deep, as AMX tiles take it, where the activation holds 3 channels a pixel, strided. ``width``:
+    the output's own width, where ``padding`` widens its rows (:func:`conv_product`)."""
+    n, *space, ci = (int(d) for d in data.shape)
     k = int(packed.shape[-3]) * BF16_PAIR
-    (kh, kw), (sy, sx) = taps, strides
-    top, left, bottom, right = padding
-    out_h, out_w = (h + top + bottom - kh) // sy + 1, (w + left + right - kw) // sx + 1
-    full = unfold == kh * kw
+    dims = len(space)
+    before, after = padding[:dims], padding[dims:]
+    out = [(size + lo + hi - t) // s + 1 for size, lo, hi, t, s in zip(space, before, after, taps, strides)]
+    full = unfold == math.prod(taps)
 
-    def rounded(b, y, x, j):
+    def rounded(b, *index):
+        *lead, x, j = index
         t, c = j // ci, j % ci
-        yy = (y * sy + t // kw if full else y) - top
-        xx = x * sx + t % kw - left
-        return bf16_bits_where([j < unfold * ci, yy >= 0, yy < h, xx >= 0, xx < w], data(b, yy, xx, c))
+        pixel = [(p * s + _tap(t, taps, i) if full else p) - lo
+                 for i, (p, s, lo) in enumerate(zip(lead, strides, before))]
+        pixel.append(x * strides[-1] + t % taps[-1] - before[-1])
+        inside = [cond for p, size in zip(pixel, space) for cond in (p >= 0, p < size)]
+        return bf16_bits_where([j < unfold * ci, *inside], data(b, *pixel, c))
 
-    a16 = te.compute((n, out_h if full else h + top + bottom, out_w, k), rounded, name="A16")
+    lead_size = out[:-1] if full else [size + lo + hi for size, lo, hi in zip(space[:-1], before, after)]
+    a16 = te.compute((n, *lead_size, out[-1], k), rounded, name="A16", varargs_names=_loop_names(dims, "j"))
     rc = te.reduce_axis((0, k), name="rc")
-    ry = 0 if full else te.reduce_axis((0, kh), name="ry")
-    axes = [rc] if full else [ry, rc]
-    return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
-        bf16_to_f32(a16[b, y if full else y * sy + ry, x, rc]) * bf16_to_f32(
-            packed[o // BF16_LANES, ry, 0, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=axes), name="conv_bf16"), channels)
+    rtaps = [0] * (dims - 1) if full else [te.reduce_axis((0, t), name=name)
+                                           for t, name in zip(taps[:-1], ("rz", "ry")[-(dims - 1):])]
+
+    def product(b, *index):
+        *lead, x, o = index
+        pixel = lead if full else [p * s + r for p, s, r in zip(lead, strides, rtaps)]
+        return te.sum(bf16_to_f32(a16[(b, *pixel, x, rc)]) * bf16_to_f32(
+            packed[(o // BF16_LANES, *rtaps, 0, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR)]),
+            axis=[rc] if full else [*rtaps, rc])
+
+    return _cut(te.compute((n, *out, packed.shape[0] * BF16_LANES), product, name="conv_bf16",
+                           varargs_names=_loop_names(dims, "o")), channels, width)
+
+
+def row_phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, ...], strides: list[int],
+                            padding: list[int], channels: int) -> te.Tensor:
+    """A strided 3-D convolution (AMX targets) over its input in phases along its rows only:
+    ``A16[b, px, z, y, x, c]`` is padded pixel ``(z, y, sx * x + px)``, and output ``(z, y, x)``'s tap
+    ``(rz, ry, sx * qx + px)`` reads ``A16[b, px, sz * z + rz, sy * y + ry, x + qx, c]``: a row of outputs is
+    a box, as a tile loads it (a tile's rows are one output row's, so the other axes need no phases). The
+    reduction runs over ``rz, ry, qx, px`` and the channels (:func:`.bf16.row_phase_weight`)."""
+    n, *space, _ = (int(d) for d in data.shape)
+    ci = int(packed.shape[-3]) * BF16_PAIR
+    dims = len(space)
+    before, after = padding[:dims], padding[dims:]
+    sx, qw = strides[-1], -(-taps[-1] // strides[-1])
+    out = [(size + lo + hi - t) // s + 1 for size, lo, hi, t, s in zip(space, before, after, taps, strides)]
+
+    def rounded(b, px, *index):
+        *pixel, x, c = index
+        pixel = [p - lo for p, lo in zip(pixel, before)] + [x * sx + px - before[-1]]
+        inside = [cond for p, size in zip(pixel, space) for cond in (p >= 0, p < size)]
+        return _channel_bits(data, ci, inside, b, *pixel, c)
+
+    lead_size = [size + lo + hi for size, lo, hi in zip(space[:-1], before, after)]
+    a16 = te.compute((n, sx, *lead_size, out[-1] + qw - 1, ci), rounded, name="A16",
+                     varargs_names=_loop_names(dims, "c"))
+    rtaps = [te.reduce_axis((0, t), name=name) for t, name in zip(taps[:-1], ("rz", "ry")[-(dims - 1):])]
+    qx, px = te.reduce_axis((0, qw), name="qx"), te.reduce_axis((0, sx), name="px")
+    rc = te.reduce_axis((0, ci), name="rc")
+
+    def product(b, *index):
+        *lead, x, o = index
+        pixel = [p * s + r for p, s, r in zip(lead, strides, rtaps)]
+        return te.sum(bf16_to_f32(a16[(b, px, *pixel, x + qx, rc)]) * bf16_to_f32(
+            packed[(o // BF16_LANES, *rtaps, qx, px, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR)]),
+            axis=[*rtaps, qx, px, rc])
+
+    return _cut(te.compute((n, *out, packed.shape[0] * BF16_LANES), product, name="conv_bf16",
+                           varargs_names=_loop_names(dims, "o")), channels)
 
 
 def paired_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], padding: list[int],
