@@ -57,7 +57,7 @@ class Dense:
         return y
 
 
-def conv_network(x: tuple[int, ...], w: tuple[int, ...], strides, padding=0, groups=1) -> tvm.IRModule:
+def conv_network(x: tuple[int, ...], w: tuple[int, ...], strides, padding=0, groups=1, dilation=1) -> tvm.IRModule:
     """A network that is one NHWC/HWIO (NDHWC/DHWIO for a 5-D ``x``) convolution of its input ``x`` by ``w``."""
     bb = relax.BlockBuilder()
     args = [relax.Var(name, relax.TensorType(shape, "float32")) for name, shape in (("x", x), ("w", w))]
@@ -65,8 +65,8 @@ def conv_network(x: tuple[int, ...], w: tuple[int, ...], strides, padding=0, gro
                                                                                         "HWIO")
     with bb.function("main", args):
         with bb.dataflow():
-            y = bb.emit_output(conv(*args, strides=strides, padding=padding, groups=groups, data_layout=data,
-                                    kernel_layout=kernel))
+            y = bb.emit_output(conv(*args, strides=strides, padding=padding, dilation=dilation, groups=groups,
+                                    data_layout=data, kernel_layout=kernel))
         bb.emit_func_output(y)
     return bb.get()
 
@@ -964,6 +964,25 @@ def test_an_amx_target_widens_rows_no_tile_divides_with_zero_columns(case):
     want = conv2d_reference(bf16(x), bf16(params["w"]), strides, padding)
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 2 * np.prod(w_shape[:3]) * 2.0 ** -23 * np.abs(want).max()
+
+
+def test_a_dilated_convolutions_rows_are_widened_by_its_output_width():
+    """DeepLabV3's ASPP: a 3x3 convolution of dilation 2 over 13-pixel rows computes 14 (its padded input is
+    17 wide, its output 13, as for its taps spread), and its output is the convolution's."""
+    mod = conv_network((1, 13, 13, 32), (3, 3, 32, 32), strides=1, padding=2, dilation=2)
+    params = params_of(mod)
+    ex = extract(as_network(mod, params), AMX, precision=BF16)
+    [task] = [t.task for t in ex.tasks]
+    assert "S14," in str(task.compute_dag)
+    amx = sampled_amx(task, BF16Intrin.AMX_TILE_14x16x32)
+    runs_like_the_reference_on_amx(task, amx, 288, "the widened dilated rows")
+    x = np.random.default_rng(4).uniform(-1, 1, (1, 13, 13, 32)).astype(np.float32)
+    [got] = run(build(apply_schedules(ex.mod, ex.tasks, {}, target=AMX), AMX), ex.network, [x], AMX)
+    spread = np.zeros((5, 5, 32, 32), np.float32)
+    spread[::2, ::2] = params["w"]
+    want = conv2d_reference(bf16(x), bf16(spread), 1, 2)
+    assert got.shape == want.shape == (1, 13, 13, 32)
+    assert np.abs(got - want).max() <= 288 * 2.0 ** -23 * np.abs(want).max()
 
 
 # A video network's stem: 3 input channels (read as 4), 3x7x7 taps, strides 1x2x2, padding 1x3x3 (R(2+1)D's

@@ -299,7 +299,8 @@ class _BF16Products(relax.PyExprMutator):
         out_w = wide_w = 0
         if self.amx and (in_phases or list(strides) == [1, 1] or tuple(taps) == (1, 1)):  # forms tiles take
             height = int(call.args[0].ty.shape[1]) + padding[0] + padding[2]
-            out_h, out_w = ((size - t) // st + 1 for size, t, st in zip((height, width), taps, strides))
+            out_h, out_w = ((size - d * (t - 1) - 1) // st + 1
+                            for size, t, st, d in zip((height, width), taps, strides, dilation))
             pixels = out_h * out_w if tuple(taps) == (1, 1) else out_w
             one_by_one = tuple(taps) == (1, 1) and list(strides) == [1, 1] and not any(padding)
             if one_by_one and (rows := amx_padded_rows(pixels)):  # its pixels as a dense layer's rows
