@@ -431,13 +431,13 @@ def phased(taps: tuple[int, ...], strides: list[int], dilation: list[int], width
 
 
 def phase_weight(weight: np.ndarray, strides: list[int]) -> np.ndarray:
-    """An HWIO weight as ``[qy, py, qx, px, CI, CO]``: tap ``(sy * qy + py, sx * qx + px)``, zero where that
-    is past the taps (a 3x3 kernel of stride 2 becomes 2 x 2 phases of 2 x 2 taps, 7 of the 16 zero)."""
-    kh, kw, ci, co = weight.shape
-    (sy, sx), (qh, qw) = strides, (-(-kh // strides[0]), -(-kw // strides[1]))
-    padded = np.zeros((qh * sy, qw * sx, ci, co), np.float32)
-    padded[:kh, :kw] = weight
-    return np.ascontiguousarray(padded.reshape(qh, sy, qw, sx, ci, co))
+    """An HWIO (DHWIO) weight as ``[qy, py, qx, px, CI, CO]``: tap ``(sy * qy + py, sx * qx + px)``, zero where
+    that is past the taps (a 3x3 kernel of stride 2 becomes 2 x 2 phases of 2 x 2 taps, 7 of the 16 zero)."""
+    *taps, ci, co = weight.shape
+    q = [-(-k // st) for k, st in zip(taps, strides)]
+    padded = np.zeros((*(n * st for n, st in zip(q, strides)), ci, co), np.float32)
+    padded[tuple(slice(k) for k in taps)] = weight
+    return np.ascontiguousarray(padded.reshape(*(d for n, st in zip(q, strides) for d in (n, st)), ci, co))
 
 
 def tile_depth(weight: np.ndarray, rows: int) -> np.ndarray:
@@ -490,10 +490,7 @@ def row_phased(taps: tuple[int, ...], strides: list[int], dilation: list[int], w
 
 
 def row_phase_weight(weight: np.ndarray, sx: int) -> np.ndarray:
-    """A DHWIO weight as ``[KD, KH, qx, px, CI, CO]``: tap ``(rz, ry, sx * qx + px)``, zero past the row's taps
-    (a row of 3 taps of stride 2 as 2 x 2, one zero)."""
-    *lead, kw, ci, co = weight.shape
-    qw = -(-kw // sx)
-    padded = np.zeros((*lead, qw * sx, ci, co), np.float32)
-    padded[..., :kw, :, :] = weight
-    return np.ascontiguousarray(padded.reshape(*lead, qw, sx, ci, co))
+    """A DHWIO weight as ``[KD, KH, qx, px, CI, CO]``: :func:`phase_weight` along the rows alone (a row of 3 taps
+    of stride 2 as 2 x 2, one zero), the other axes' unit phases dropped."""
+    *taps, ci, co = weight.shape
+    return phase_weight(weight, [1] * (len(taps) - 1) + [sx]).reshape(*taps[:-1], -1, sx, ci, co)
