@@ -350,12 +350,12 @@ def intrinsics_of(state) -> list[str]:
 
 
 def test_an_amx_target_searches_amx_tiles_where_rows_fill_them():
-    """Both convolutions' rows fill 16-row tiles: the stride-2 one's as a box of its input in phases."""
+    """Both convolutions' rows fill 16-row tiles: the stride-2 one's as a box of its input in phases along rows."""
     strided, wide = sorted(amx_tasks(), key=lambda t: t.flop_ct)
     for task in (wide, strided):  # the wide one's epilogue (its output stored as bf16 bits) adds fused sketches
         sketches = {tuple(intrinsics_of(s)) for s in generate_sketches(task)}
         assert sketches == {(BF16Intrin.AMX_TILE_16x16x32.value,), (BF16Intrin.AVX512_DOT_16x2.value,)}
-    assert "A16[v_b, v_py, v_px, v_y, v_x, v_c]" in str(strided.compute_dag)
+    assert "A16[v_b, v_px, v_y, v_x, v_c]" in str(strided.compute_dag)
     states = sample_initial_population(wide, generate_sketches(wide), 8, random.Random(0))
     amx = [s for s in states if intrinsics_of(s) == [BF16Intrin.AMX_TILE_16x16x32.value]]
     assert amx, "no AMX program sampled"
@@ -933,8 +933,9 @@ def test_an_amx_target_computes_a_strided_grouped_convolution_in_phases_with_tap
 
 # Output rows no tile divides, on AMX: (input, weight, strides, padding, the rows computed, the tile's rows).
 WIDENED = {"3x3": ((1, 13, 13, 32), (3, 3, 32, 32), 1, 1, 14, 14),  # SqueezeNet's 13 as 14
-           "1x7": ((1, 17, 17, 32), (1, 7, 32, 32), 1, (0, 3), 21, 7),  # Inception's 17 as 21
-           "strided": ((1, 35, 35, 32), (3, 3, 32, 32), 2, 0, 21, 7),  # 35 to 17, in phases, as 21
+           "1x7": ((1, 17, 17, 32), (1, 7, 32, 32), 1, (0, 3), 400, 16),  # Inception's: flat, 17 x 23 as 400
+           "7x1": ((1, 17, 17, 32), (7, 1, 32, 32), 1, (3, 0), 304, 16),  # flat, 17 x 17 as 304
+           "strided": ((1, 35, 35, 32), (3, 3, 32, 32), 2, 0, 21, 7),  # 35 to 17, in row phases, as 21
            "stem": ((1, 35, 35, 3), (3, 3, 3, 16), 2, 0, 21, 7),  # RGB taps unfolded, 17 as 21
            "1x1": ((1, 13, 13, 32), (1, 1, 32, 32), 1, 0, 176, 16)}  # 169 pixels as 176 rows
 
@@ -949,7 +950,9 @@ def conv2d_reference(x: np.ndarray, w: np.ndarray, strides, padding) -> np.ndarr
 def test_an_amx_target_widens_rows_no_tile_divides_with_zero_columns(case):
     """A convolution on AMX whose output rows no tile divides computes them wider (its input padded with zero
     columns on the right more; a strided one in phases) in tiles and cuts its output back; a 1x1 one pads its
-    pixels, as a dense layer its rows. Numerics where the CPU has AMX."""
+    pixels, as a dense layer its rows, and a stride-1 one runs over its flattened image where that takes fewer
+    tiles (Inception's 1x7 and 7x1 kernels: 25 and 19 tiles of 16 where 51 of 7 took a widened row). Numerics
+    where the CPU has AMX."""
     x_shape, w_shape, strides, padding, rows, tile = WIDENED[case]
     mod = conv_network(x_shape, w_shape, strides=strides, padding=padding)
     params = params_of(mod)

@@ -1,10 +1,9 @@
 """A network's products in bf16, as OpenVINO and oneDNN mean it: each convolution's and dense layer's inputs
 rounded to bf16, every product and sum in fp32, everything else (epilogues, norms, softmax) fp32.
 
-Each eligible ``conv2d`` (NHWC/HWIO, no groups), ``conv3d`` (NDHWC/DHWIO, no groups: a depth tap more; on AMX,
-strided ones in phases along rows only, :func:`row_phased_conv_product`) and ``matmul`` by a constant ``[K, N]``
-weight becomes one PrimFunc of two stages, the form :class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles
-around the CPU's bf16 dot product:
+Each eligible ``conv2d`` (NHWC/HWIO, no groups), ``conv3d`` (NDHWC/DHWIO, no groups: a depth tap more) and
+``matmul`` by a constant ``[K, N]`` weight becomes one PrimFunc of two stages, the form
+:class:`~ansor.sketch.tensor_rules.BF16DotProduct` tiles around the CPU's bf16 dot product:
 
 1. ``A16``: the activation rounded to bf16 bits (``uint16``) at the kernel's load, its padding included (an
    activation only such products read is stored as bf16 bits by its producer instead, :mod:`.bf16_storage`,
@@ -20,13 +19,15 @@ leading dimensions) rounds and packs both operands in the kernel instead (``A16`
 For a target with AMX, the rows of a dense layer or of a product of two activations that no tile's rows
 divide (ViT's 197 tokens) are padded to the multiple of a tile's rows that takes the fewest tiles
 (:func:`amx_padded_rows`): the product runs on 208 rows, the output is its first 197; and a
-strided convolution reads its input in phases (:func:`phased_conv_product`), so that a row of its outputs
-reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it reads). A
+strided convolution reads its input in phases along rows (:func:`row_phased_conv_product`), so that a row of
+its outputs reads a box of ``A16``, as a tile loads it (a strided 1x1 one, on any target, gathers the pixels it
+reads). A
 convolution of fewer input channels than a tile's 32 (an RGB stem) unfolds its taps into ``A16``'s channels
 instead (:func:`unfolded_conv_product`): all of them (a 3x3 stem's 27 values as 32), or each row of taps
 (ResNet-50's 7x7: 21 as 32), where they fill the tile's 32 at most twice over. A convolution's output rows
 that no tile's rows divide are computed wider, on zero columns, and cut back (:func:`widened_row`: Inception's
-17 pixels as 21); a 1x1 one's pixels are padded instead, as a dense layer's rows (:func:`pixel_rows_product`).
+17 pixels as 21); a 1x1 one's pixels are padded instead, as a dense layer's rows (:func:`pixel_rows_product`),
+and a stride-1 one's rows run over its flattened image where that takes fewer tiles (:func:`flat_rows`).
 
 A grouped convolution whose groups tile 16 output channels (RegNet's and ResNeXt's) is a product of 16-channel
 blocks, each reading the input channels of its groups, its weight zero outside each output channel's group
@@ -49,6 +50,7 @@ odd, the layer stays fp32.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Optional
 
 import numpy as np
@@ -58,7 +60,7 @@ from tvm import relax, te
 from ..state.tensor_intrin import AMX_DEPTH, AMX_ROWS, BF16_BITS, bf16_bits_to_f32, round_to_bf16
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul
 from .bf16_products import (
-    conv_product, dense_product, grouped_conv_product, paired_conv_product, phased_conv_product,
+    conv_product, dense_product, flat_conv_product, grouped_conv_product, paired_conv_product,
     phased_paired_conv_product, pixel_rows_product, row_phased_conv_product, unfolded_conv_product,
 )
 from .bf16_storage import Product, store_bits
@@ -101,6 +103,10 @@ MIN_WIDENED_ROW = 8
 #: How much wider, at most: Inception-V3's 17-pixel rows as 21 (3 tiles of 7), where they ran on vdpbf16ps
 #: near 190 GFLOPS (half its 10-minute bf16 build's 37 ms, 3.9x OpenVINO's; Xeon with AMX).
 MAX_WIDENED_ROWS = 1 / 4
+#: How many times its outputs a convolution may compute as rows of its flattened image (:func:`flat_rows`):
+#: Inception-V3's 17 x 17 maps of 1x7 kernels as 400 rows for 289 (its 7x1 ones, 304), in 16-row tiles, took
+#: 15-30 % less than widened to 21 (3 tiles of 7) a row (3 seeds, 128 trials each; Xeon with AMX).
+MAX_FLAT_ROWS = 2.0
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
 #: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
@@ -288,37 +294,31 @@ class _BF16Products(relax.PyExprMutator):
             return self._product(unfolded_conv_product, call.args[0], _packed(unfold_weight(wide, unfold)), taps,
                                  strides, widened(padding, strides, out_w, wide_w), unfold, channels,
                                  wide_w and out_w, name=kind)
-        if dims == 3:  # phases along rows (AMX), else as it is
-            if self.amx and row_phased(taps, strides, dilation, width):
-                return self._product(row_phased_conv_product, call.args[0],
-                                     _packed(row_phase_weight(weight, strides[-1])), taps, strides, padding,
-                                     channels, name=kind)
+        if self.amx and row_phased(taps, strides, dilation, width):  # 2-D or 3-D
+            out_w = (width - taps[-1]) // strides[-1] + 1
+            wide_w = 0 if fits_tiles(out_w) else widened_row(out_w)
+            weight = row_phase_weight(tile_depth(weight, wide_w or out_w), strides[-1])
+            return self._product(row_phased_conv_product, call.args[0], _packed(weight), taps, strides,
+                                 widened(padding, strides, out_w, wide_w), channels, wide_w and out_w, name=kind)
+        if dims == 3 or not (self.amx and (list(strides) == [1, 1] or tuple(taps) == (1, 1))):
             return self._product(conv_product, call.args[0], _packed(weight), taps, strides, padding, dilation,
                                  channels, name=kind)
-        in_phases = self.amx and phased(taps, strides, dilation, width)
-        out_w = wide_w = 0
-        if self.amx and (in_phases or list(strides) == [1, 1] or tuple(taps) == (1, 1)):  # forms tiles take
-            height = int(call.args[0].ty.shape[1]) + padding[0] + padding[2]
-            out_h, out_w = ((size - d * (t - 1) - 1) // st + 1
-                            for size, t, st, d in zip((height, width), taps, strides, dilation))
-            pixels = out_h * out_w if tuple(taps) == (1, 1) else out_w
-            one_by_one = tuple(taps) == (1, 1) and list(strides) == [1, 1] and not any(padding)
-            if one_by_one and (rows := amx_padded_rows(pixels)):  # its pixels as a dense layer's rows
+        height = int(call.args[0].ty.shape[1]) + padding[0] + padding[2]  # a form tiles take (AMX)
+        out_h, out_w = ((size - d * (t - 1) - 1) // st + 1
+                        for size, t, st, d in zip((height, width), taps, strides, dilation))
+        if tuple(taps) == (1, 1):
+            if list(strides) == [1, 1] and not any(padding) and (rows := amx_padded_rows(out_h * out_w)):
                 return self._product(pixel_rows_product, call.args[0], _packed(tile_depth(weight, rows)), rows,
-                                     channels, name="bfloat_conv2d")
-            if (list(strides) == [1, 1] or in_phases) and not fits_tiles(pixels):
-                wide_w = widened_row(out_w)
-            weight = tile_depth(weight, wide_w or pixels)
-        if in_phases:  # zero columns on the right (wide_w) make rows a tile's; the output is cut back
-            return self._product(phased_conv_product, call.args[0], _packed(phase_weight(weight, strides)),
-                                 taps, strides, widened(padding, strides, out_w, wide_w), channels,
-                                 wide_w and out_w, name="bfloat_conv2d")
-        if wide_w:
-            return self._product(conv_product, call.args[0], _packed(weight), taps, strides,
-                                 widened(padding, strides, out_w, wide_w), dilation, channels, 0, out_w,
-                                 name="bfloat_conv2d")
-        return self._product(conv_product, call.args[0], _packed(weight), taps, strides, padding,
-                             dilation, channels, name="bfloat_conv2d")
+                                     channels, name=kind)  # its pixels as a dense layer's rows
+            return self._product(conv_product, call.args[0], _packed(tile_depth(weight, out_h * out_w)), taps,
+                                 strides, padding, dilation, channels, name=kind)
+        wide_w = 0 if fits_tiles(out_w) else widened_row(out_w)
+        if not fits_tiles(out_w) and (rows := flat_rows(out_h, out_w, width, wide_w)):
+            return self._product(flat_conv_product, call.args[0], _packed(tile_depth(weight, rows)), taps,
+                                 padding, dilation, channels, rows, name=kind)
+        return self._product(conv_product, call.args[0], _packed(tile_depth(weight, wide_w or out_w)), taps,
+                             strides, widened(padding, strides, out_w, wide_w), dilation, channels, 0,
+                             wide_w and out_w, name=kind)
 
     def _dense(self, call: relax.Call, weight: np.ndarray) -> Optional[relax.Expr]:
         data, columns = call.args[0], weight.shape[-1]
@@ -403,6 +403,16 @@ def amx_padded_rows(rows: int, least: int = 16, waste: float = MAX_PADDED_ROWS) 
     return min(fits)[1] if fits else None
 
 
+def flat_rows(out_h: int, out_w: int, width: int, wide_w: int) -> int:
+    """The rows a stride-1 convolution whose output rows no tile's rows divide computes over its flattened
+    image (:func:`~.bf16_products.flat_conv_product`: ``out_h`` rows of the ``width``-pixel padded width, in
+    whole tiles of 16), where that takes fewer tiles than its rows widened to ``wide_w`` (0: not widened, each
+    row on ``vdpbf16ps``) and at most :data:`MAX_FLAT_ROWS` times its outputs; else 0."""
+    rows = padded_channels(out_h * width, AMX_ROWS[0])
+    tiles = out_h * wide_w // max(m for m in AMX_ROWS if wide_w % m == 0) if wide_w else math.inf
+    return rows if rows // AMX_ROWS[0] < tiles and rows <= MAX_FLAT_ROWS * out_h * out_w else 0
+
+
 def widened(padding: list[int], strides: list[int], out_w: int, wide_w: int) -> list[int]:
     """A convolution's ``padding`` (the last entry: the right's) with the zero columns that widen its output
     rows from ``out_w`` to ``wide_w`` pixels (0: none)."""
@@ -417,11 +427,10 @@ def widened_row(out_w: int) -> int:
 
 
 def phased(taps: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> bool:
-    """Whether a strided convolution of a ``width``-pixel padded input takes its AMX form
-    (:func:`phased_conv_product`): taps wider than the stride (a 1x1 one gathers its pixels instead), at most
-    :data:`MAX_PHASE_WASTE` products more, and output rows a tile's rows divide, widened
-    (:func:`widened_row`) or not (Inception's 17 as 21); else that form would only add products to
-    ``vdpbf16ps``."""
+    """Whether a strided grouped convolution of a ``width``-pixel padded input takes its AMX form in phases along
+    both axes (:func:`phased_paired_conv_product`): taps wider than the stride, at most :data:`MAX_PHASE_WASTE`
+    products more, and output rows a tile's rows divide, widened (:func:`widened_row`) or not; else that form
+    would only add products to ``vdpbf16ps``."""
     if list(dilation) != [1, 1] or list(strides) == [1, 1] or all(k <= s for k, s in zip(taps, strides)):
         return False
     out_w = (width - taps[1]) // strides[1] + 1
@@ -480,13 +489,15 @@ def unfold_weight(weight: np.ndarray, taps: int) -> np.ndarray:
 
 
 def row_phased(taps: tuple[int, ...], strides: list[int], dilation: list[int], width: int) -> bool:
-    """Whether a strided 3-D convolution of a ``width``-pixel padded input takes its AMX form
-    (:func:`row_phased_conv_product`): taps along the rows wider than their stride, at most
-    :data:`MAX_PHASE_WASTE` products more, and output rows a tile's rows divide."""
+    """Whether a convolution of a ``width``-pixel padded input takes its AMX form in phases along rows
+    (:func:`row_phased_conv_product`): a strided one (a 3-D one of stride 1 too, in one phase) whose taps along
+    the rows are wider than their stride, at most :data:`MAX_PHASE_WASTE` products more, and output rows a
+    tile's rows divide, widened (:func:`widened_row`) or not."""
     kw, sx = taps[-1], strides[-1]
-    if any(d != 1 for d in dilation) or kw <= sx or not fits_tiles((width - kw) // sx + 1):
+    out_w = (width - kw) // sx + 1
+    if (len(taps) == 2 and list(strides) == [1, 1]) or any(d != 1 for d in dilation) or kw <= sx:
         return False
-    return -(-kw // sx) * sx / kw <= MAX_PHASE_WASTE
+    return (fits_tiles(out_w) or bool(widened_row(out_w))) and -(-kw // sx) * sx / kw <= MAX_PHASE_WASTE
 
 
 def row_phase_weight(weight: np.ndarray, sx: int) -> np.ndarray:

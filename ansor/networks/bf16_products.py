@@ -148,33 +148,34 @@ def pixel_rows_product(data: te.Tensor, packed: te.Tensor, rows: int, channels: 
     return te.compute((n, h, w, channels), lambda b, y, x, o: product[b, y * w + x, o], name="conv_bf16_unpadded")
 
 
-def phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
-                         padding: list[int], channels: int, width: int = 0) -> te.Tensor:
-    """A strided convolution (AMX targets) over its input in phases: ``A16[b, py, px, y, x, c]`` is padded
-    pixel ``(sy * y + py, sx * x + px)`` and a tap ``(sy * qy + py, sx * qx + px)`` reads ``A16[b, py, px,
-    y + qy, x + qx, c]``, so consecutive outputs read consecutive pixels of a phase: a row of outputs is a box,
-    as an AMX tile loads it, where in the activation it is every second pixel. The reduction runs over
-    ``qy, py, qx, px`` and the channels, the taps past the kernel's zero (:func:`.bf16.phase_weight`);
-    ``width``: the output's own width, where ``padding`` widens its rows (:func:`conv_product`)."""
+def flat_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], padding: list[int],
+                      dilation: list[int], channels: int, rows: int) -> te.Tensor:
+    """A stride-1 convolution (AMX targets) over its padded image flattened, each pixel a row of ``A16[b, p,
+    c]``: output ``(y, x)`` is row ``Wp y + x`` of a product over ``rows`` rows (``Wp``: the padded width;
+    :func:`.bf16.flat_rows`), tap ``(ry, rx)`` reads row ``p + Wp dy ry + dx rx``, so a tile's rows are one box
+    wherever they fall, across image rows too. Rows past an output row's end (``x >= out_w``) and past the image
+    are computed and cut: a 17-pixel row of a 7x1 kernel as 17 of 16-row tiles' 289 of 304 rows, where 3 tiles
+    of 7 rows each took it."""
     n, h, w, _ = (int(d) for d in data.shape)
     ci = int(packed.shape[-3]) * BF16_PAIR
-    (kh, kw), (sy, sx) = taps, strides
+    (kh, kw), (dy, dx) = taps, dilation
     top, left, bottom, right = padding
-    qh, qw = -(-kh // sy), -(-kw // sx)
-    out_h, out_w = (h + top + bottom - kh) // sy + 1, (w + left + right - kw) // sx + 1
+    wp = w + left + right
+    out_h, out_w = h + top + bottom - dy * (kh - 1), wp - dx * (kw - 1)
 
-    def rounded(b, py, px, y, x, c):
-        yy, xx = y * sy + py - top, x * sx + px - left
-        return _channel_bits(data, ci, [yy >= 0, yy < h, xx >= 0, xx < w], b, yy, xx, c)
+    def rounded(b, p, c):
+        y, x = p // wp - top, p % wp - left
+        return _channel_bits(data, ci, [y >= 0, y < h, x >= 0, x < w], b, y, x, c)
 
-    a16 = te.compute((n, sy, sx, out_h + qh - 1, out_w + qw - 1, ci), rounded, name="A16")
-    qy, py = te.reduce_axis((0, qh), name="qy"), te.reduce_axis((0, sy), name="py")
-    qx, px = te.reduce_axis((0, qw), name="qx"), te.reduce_axis((0, sx), name="px")
+    a16 = te.compute((n, rows + dy * (kh - 1) * wp + dx * (kw - 1), ci), rounded, name="A16")
+    ry, rx = (te.reduce_axis((0, t), name=name) if t > 1 else 0 for t, name in zip(taps, ("ry", "rx")))
     rc = te.reduce_axis((0, ci), name="rc")
-    return _cut(te.compute((n, out_h, out_w, packed.shape[0] * BF16_LANES), lambda b, y, x, o: te.sum(
-        bf16_to_f32(a16[b, py, px, y + qy, x + qx, rc]) * bf16_to_f32(
-            packed[o // BF16_LANES, qy, py, qx, px, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=[qy, py, qx, px, rc]), name="conv_bf16"), channels, width)
+    product = te.compute((n, rows, packed.shape[0] * BF16_LANES), lambda b, p, o: te.sum(
+        bf16_to_f32(a16[b, p + ry * dy * wp + rx * dx, rc])
+        * bf16_to_f32(packed[o // BF16_LANES, ry, rx, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
+        axis=[r for r in (ry, rx) if not isinstance(r, int)] + [rc]), name="conv_bf16")
+    return te.compute((n, out_h, out_w, channels), lambda b, y, x, o: product[b, y * wp + x, o],
+                      name="conv_bf16_unpadded")
 
 
 def _tap(t: tvm.tirx.PrimExpr, taps: tuple[int, ...], axis: int) -> tvm.tirx.PrimExpr:
@@ -227,12 +228,14 @@ def unfolded_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, .
 
 
 def row_phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, ...], strides: list[int],
-                            padding: list[int], channels: int) -> te.Tensor:
-    """A strided 3-D convolution (AMX targets) over its input in phases along its rows only:
+                            padding: list[int], channels: int, width: int = 0) -> te.Tensor:
+    """A strided convolution (AMX targets; 2-D or 3-D) over its input in phases along its rows:
     ``A16[b, px, z, y, x, c]`` is padded pixel ``(z, y, sx * x + px)``, and output ``(z, y, x)``'s tap
     ``(rz, ry, sx * qx + px)`` reads ``A16[b, px, sz * z + rz, sy * y + ry, x + qx, c]``: a row of outputs is
-    a box, as a tile loads it (a tile's rows are one output row's, so the other axes need no phases). The
-    reduction runs over ``rz, ry, qx, px`` and the channels (:func:`.bf16.row_phase_weight`)."""
+    a box, as a tile loads it, where in the activation it is every second pixel (a tile's rows are one output
+    row's, so the other axes need no phases: a 3x3 kernel of stride 2 computes 12 taps for 9, in phases along
+    both axes 16). The reduction runs over ``rz, ry, qx, px`` and the channels (:func:`.bf16.row_phase_weight`);
+    ``width``: the output's own width, where ``padding`` widens its rows (:func:`conv_product`)."""
     n, *space, _ = (int(d) for d in data.shape)
     ci = int(packed.shape[-3]) * BF16_PAIR
     dims = len(space)
@@ -261,7 +264,7 @@ def row_phased_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int,
             axis=[*rtaps, qx, px, rc])
 
     return _cut(te.compute((n, *out, packed.shape[0] * BF16_LANES), product, name="conv_bf16",
-                           varargs_names=_loop_names(dims, "o")), channels)
+                           varargs_names=_loop_names(dims, "o")), channels, width)
 
 
 def paired_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], padding: list[int],
@@ -294,10 +297,11 @@ def paired_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int
 
 def phased_paired_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], strides: list[int],
                                padding: list[int], channels: int) -> te.Tensor:
-    """A strided grouped convolution of 16-channel blocks (AMX targets) in phases (:func:`phased_conv_product`)
-    with each two taps of a phase's row in ``A16``'s channels (:func:`paired_conv_product`): ``A16[b, py, px,
-    y, x, (g, t, c)]`` is padded pixel ``(sy * y + py, sx * (x + t) + px)``, channel ``16 g + c``; the
-    reduction runs over ``qy, py``, the pairs ``qp``, ``px`` and the 32 channels (:func:`.bf16.paired_taps`)."""
+    """A strided grouped convolution of 16-channel blocks (AMX targets) over its input in phases, so that a row
+    of outputs reads consecutive pixels of a phase (:func:`row_phased_conv_product`; here along both axes), with
+    each two taps of a phase's row in ``A16``'s channels (:func:`paired_conv_product`): ``A16[b, py, px, y, x,
+    (g, t, c)]`` is padded pixel ``(sy * y + py, sx * (x + t) + px)``, channel ``16 g + c``; the reduction runs
+    over ``qy, py``, the pairs ``qp``, ``px`` and the 32 channels (:func:`.bf16.paired_taps`)."""
     n, h, w, _ = (int(d) for d in data.shape)
     depth = int(packed.shape[-3]) * BF16_PAIR
     k, blocks = depth // 2, int(packed.shape[0])
