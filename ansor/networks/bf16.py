@@ -26,8 +26,8 @@ convolution of fewer input channels than a tile's 32 (an RGB stem) unfolds its t
 instead (:func:`unfolded_conv_product`): all of them (a 3x3 stem's 27 values as 32), or each row of taps
 (ResNet-50's 7x7: 21 as 32), where they fill the tile's 32 at most twice over. A convolution's output rows
 that no tile's rows divide are computed wider, on zero columns, and cut back (:func:`widened_row`: Inception's
-17 pixels as 21); a 1x1 one's pixels are padded instead, as a dense layer's rows (:func:`pixel_rows_product`),
-and a stride-1 one's rows run over its flattened image where that takes fewer tiles (:func:`flat_rows`).
+17 pixels as 21); a 1x1 one's pixels are padded instead, as a dense layer's rows, and a stride-1 one's rows
+run over its flattened image where that takes fewer tiles (:func:`flat_conv_product`, :func:`flat_rows`).
 
 A grouped convolution whose groups tile 16 output channels (RegNet's and ResNeXt's) is a product of 16-channel
 blocks, each reading the input channels of its groups, its weight zero outside each output channel's group
@@ -61,7 +61,7 @@ from ..state.tensor_intrin import AMX_DEPTH, AMX_ROWS, BF16_BITS, bf16_bits_to_f
 from ..task.te_ops import BF16_LANES, BF16_PAIR, bf16_matmul
 from .bf16_products import (
     conv_product, dense_product, flat_conv_product, grouped_conv_product, paired_conv_product,
-    phased_paired_conv_product, pixel_rows_product, row_phased_conv_product, unfolded_conv_product,
+    phased_paired_conv_product, row_phased_conv_product, unfolded_conv_product,
 )
 from .bf16_storage import Product, store_bits
 from .calls import called_prim_func, mutate_relax_functions
@@ -306,14 +306,16 @@ class _BF16Products(relax.PyExprMutator):
         height = int(call.args[0].ty.shape[1]) + padding[0] + padding[2]  # a form tiles take (AMX)
         out_h, out_w = ((size - d * (t - 1) - 1) // st + 1
                         for size, t, st, d in zip((height, width), taps, strides, dilation))
-        if tuple(taps) == (1, 1):
-            if list(strides) == [1, 1] and not any(padding) and (rows := amx_padded_rows(out_h * out_w)):
-                return self._product(pixel_rows_product, call.args[0], _packed(tile_depth(weight, rows)), rows,
-                                     channels, name=kind)  # its pixels as a dense layer's rows
+        one_by_one, rows = tuple(taps) == (1, 1), None
+        if one_by_one and list(strides) == [1, 1] and not any(padding):  # its pixels as a dense layer's rows
+            rows = amx_padded_rows(out_h * out_w)
+        if one_by_one and not rows:
             return self._product(conv_product, call.args[0], _packed(tile_depth(weight, out_h * out_w)), taps,
                                  strides, padding, dilation, channels, name=kind)
         wide_w = 0 if fits_tiles(out_w) else widened_row(out_w)
-        if not fits_tiles(out_w) and (rows := flat_rows(out_h, out_w, width, wide_w)):
+        if not one_by_one and not fits_tiles(out_w):
+            rows = flat_rows(out_h, out_w, width, wide_w)
+        if rows:
             return self._product(flat_conv_product, call.args[0], _packed(tile_depth(weight, rows)), taps,
                                  padding, dilation, channels, rows, name=kind)
         return self._product(conv_product, call.args[0], _packed(tile_depth(weight, wide_w or out_w)), taps,

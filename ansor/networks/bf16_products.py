@@ -131,31 +131,15 @@ def subsampled_product(data: te.Tensor, packed: te.Tensor, strides: list[int]) -
         axis=rc), name="conv_bf16")
 
 
-def pixel_rows_product(data: te.Tensor, packed: te.Tensor, rows: int, channels: int) -> te.Tensor:
-    """A 1x1 stride-1 convolution whose pixels no tile's rows divide (AMX targets) as a dense layer over its
-    pixels, padded with zero pixels to ``rows`` (:func:`.bf16.amx_padded_rows`: Inception's 17 x 17 = 289 as
-    304, 19 tiles of 16): ``A16[b, p, c]`` is pixel ``(p // W, p % W)``, and output ``(y, x)`` is the product's
-    row ``W y + x``."""
-    n, h, w, _ = (int(d) for d in data.shape)
-    ci = int(packed.shape[-3]) * BF16_PAIR
-    a16 = te.compute((n, rows, ci), lambda b, p, c: _channel_bits(data, ci, [p < h * w], b, p // w, p % w, c),
-                     name="A16")
-    rc = te.reduce_axis((0, ci), name="rc")
-    product = te.compute((n, rows, packed.shape[0] * BF16_LANES), lambda b, p, o: te.sum(
-        bf16_to_f32(a16[b, p, rc])
-        * bf16_to_f32(packed[o // BF16_LANES, 0, 0, rc // BF16_PAIR, o % BF16_LANES, rc % BF16_PAIR]),
-        axis=rc), name="conv_bf16")
-    return te.compute((n, h, w, channels), lambda b, y, x, o: product[b, y * w + x, o], name="conv_bf16_unpadded")
-
-
 def flat_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int], padding: list[int],
                       dilation: list[int], channels: int, rows: int) -> te.Tensor:
     """A stride-1 convolution (AMX targets) over its padded image flattened, each pixel a row of ``A16[b, p,
-    c]``: output ``(y, x)`` is row ``Wp y + x`` of a product over ``rows`` rows (``Wp``: the padded width;
-    :func:`.bf16.flat_rows`), tap ``(ry, rx)`` reads row ``p + Wp dy ry + dx rx``, so a tile's rows are one box
-    wherever they fall, across image rows too. Rows past an output row's end (``x >= out_w``) and past the image
-    are computed and cut: a 17-pixel row of a 7x1 kernel as 17 of 16-row tiles' 289 of 304 rows, where 3 tiles
-    of 7 rows each took it."""
+    c]``: output ``(y, x)`` is row ``Wp y + x`` of a product over ``rows`` rows (``Wp``: the padded width),
+    tap ``(ry, rx)`` reads row ``p + Wp dy ry + dx rx``, so a tile's rows are one box wherever they fall, across
+    image rows too. Rows past an output row's end (``x >= out_w``) and past the image are computed and cut. A
+    1x1 convolution is a dense layer over its pixels so (Inception's 17 x 17 = 289 as 304 rows, 19 tiles of
+    16), a 7x1 one nearly (289 as 304 too), a 1x7 one computes 6 columns more a row (17 x 23 as 400); tiles
+    of 16 rows that way took less than a widened row's (:func:`.bf16.flat_rows`)."""
     n, h, w, _ = (int(d) for d in data.shape)
     ci = int(packed.shape[-3]) * BF16_PAIR
     (kh, kw), (dy, dx) = taps, dilation
@@ -165,7 +149,8 @@ def flat_conv_product(data: te.Tensor, packed: te.Tensor, taps: tuple[int, int],
 
     def rounded(b, p, c):
         y, x = p // wp - top, p % wp - left
-        return _channel_bits(data, ci, [y >= 0, y < h, x >= 0, x < w], b, y, x, c)
+        inside = [y >= 0, y < h, x >= 0, x < w] if any(padding) else [p < h * w]
+        return _channel_bits(data, ci, inside, b, y, x, c)
 
     a16 = te.compute((n, rows + dy * (kh - 1) * wp + dx * (kw - 1), ci), rounded, name="A16")
     ry, rx = (te.reduce_axis((0, t), name=name) if t > 1 else 0 for t, name in zip(taps, ("ry", "rx")))
