@@ -108,7 +108,8 @@ MAX_WIDENED_ROWS = 1 / 4
 #: 15-30 % less than widened to 21 (3 tiles of 7) a row (3 seeds, 128 trials each; Xeon with AMX).
 MAX_FLAT_ROWS = 2.0
 #: How many more products a strided convolution may compute in its AMX form (phases, zero taps): a 3x3 one of
-#: stride 2 computes 16 for 9 taps on tiles, against vdpbf16ps on its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
+#: stride 2 computes 12 for 9 taps on tiles (16 in a grouped one's phases on both axes), against vdpbf16ps on
+#: its 9 (ResNet-50: 0.69 of 7.96 GFLOP).
 MAX_PHASE_WASTE = 2.0
 #: How many times its products a convolution may compute to fill tiles' 32 reduction channels (AMX): zero input
 #: channels (24 as 32), or a stem's taps unfolded (ResNet-50's 7x7: 21 values a tap row as 32; 2.00 ms of 10.75
@@ -290,13 +291,13 @@ class _BF16Products(relax.PyExprMutator):
         unfold = self.amx and unfolded_taps(wide.shape, strides, dilation, width)
         if unfold:
             out_w = (width - taps[-1]) // strides[-1] + 1
-            wide_w = 0 if fits_tiles(out_w) else widened_row(out_w)
+            wide_w = widened_row(out_w)
             return self._product(unfolded_conv_product, call.args[0], _packed(unfold_weight(wide, unfold)), taps,
                                  strides, widened(padding, strides, out_w, wide_w), unfold, channels,
                                  wide_w and out_w, name=kind)
         if self.amx and row_phased(taps, strides, dilation, width):  # 2-D or 3-D
             out_w = (width - taps[-1]) // strides[-1] + 1
-            wide_w = 0 if fits_tiles(out_w) else widened_row(out_w)
+            wide_w = widened_row(out_w)
             weight = row_phase_weight(tile_depth(weight, wide_w or out_w), strides[-1])
             return self._product(row_phased_conv_product, call.args[0], _packed(weight), taps, strides,
                                  widened(padding, strides, out_w, wide_w), channels, wide_w and out_w, name=kind)
@@ -312,7 +313,7 @@ class _BF16Products(relax.PyExprMutator):
         if one_by_one and not rows:
             return self._product(conv_product, call.args[0], _packed(tile_depth(weight, out_h * out_w)), taps,
                                  strides, padding, dilation, channels, name=kind)
-        wide_w = 0 if fits_tiles(out_w) else widened_row(out_w)
+        wide_w = widened_row(out_w)
         if not one_by_one and not fits_tiles(out_w):
             rows = flat_rows(out_h, out_w, width, wide_w)
         if rows:
