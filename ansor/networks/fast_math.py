@@ -120,7 +120,7 @@ def _exp_reduced(xc: PrimExpr, scale: Callable[[PrimExpr, PrimExpr], PrimExpr]) 
 def exp(x: PrimExpr) -> PrimExpr:
     """e^x in float32 (max error in docs/networks.md); NaN, ±inf and overflow as the exact function."""
     # 2^k as two factors 2^h, 2^(k-h), each a normal float: denormal and near-overflow results stay right
-    return _let(x, lambda xv: _keep_nan(xv, _let(_clamp(xv, -104.0, 89.0), lambda xc: _exp_reduced(  # e^89 -> inf
+    return _let(x, lambda xv: _keep_nan(xv, _let(_clamp(xv, -104.0, 89.0), lambda xc: _exp_reduced(  # e^-104: 0; e^89: inf
         xc, lambda p, k: p * _pow2(k >> 1) * _pow2(k - (k >> 1))))))
 
 
