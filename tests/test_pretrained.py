@@ -124,6 +124,20 @@ def test_refit_pads_a_row_split_whose_extent_has_no_divisor_near_the_recorded_ti
     assert 97 % math.prod(cols.lengths) == 0  # the last (vectorized) split divides its extent
 
 
+def test_refit_gives_the_vectorized_split_whole_vectors_of_the_target():
+    """A record's 8-lane vector (an AVX2 record, or an extent 16 did not divide) becomes 16 lanes on AVX-512
+    where the new extent has them; a row split keeps its recorded length."""
+    avx512 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+    small = ansor.SearchTask.from_workload("matmul-64x72x64", AVX2)
+    large = ansor.SearchTask.from_workload("matmul-64x96x64", avx512)
+    lengths = [s.lengths for s in refit(large, tiled(small, 8, 8).steps).steps if isinstance(s, SplitStep)]
+    assert lengths == [(8,), (16,)]
+    odd = ansor.SearchTask.from_workload("matmul-64x72x64", avx512)  # 72: no whole 16-lane vectors
+    assert [s.lengths for s in refit(odd, tiled(small, 8, 8).steps).steps if isinstance(s, SplitStep)][1] == (8,)
+    same = ansor.SearchTask.from_workload("matmul-64x96x64", AVX2)  # 8 lanes are whole AVX2 vectors
+    assert [s.lengths for s in refit(same, tiled(small, 8, 8).steps).steps if isinstance(s, SplitStep)][1] == (8,)
+
+
 def test_refit_names_the_argument_another_model_reads_at_the_same_place():
     """A record's layout rewrite names the argument of the model it was tuned on; another model's task
     of the same operator reads it under another name (BERT's ``B``, ViT's ``permute_dims``)."""

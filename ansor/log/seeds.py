@@ -160,6 +160,8 @@ def refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask] 
     split other than its stage's last (vectorized) one may instead be fitted to one of the extent's
     :func:`~ansor.state.transform_steps.split.padded_extents`, where that comes nearer the recorded
     lengths: ViT-B/16's 197 rows (a prime) take BERT's 128-row tiles as tiles of 200 rows, not one row.
+    The last one's innermost part, the vector, is fitted to whole vectors of ``task``'s target where the
+    extent has them: a record of 72 channels (MobileNet-V3) or of AVX2 vectors kept 8 lanes of AVX-512's 16.
 
     ``source`` is the task the steps were recorded on. A step that names an argument (a layout rewrite, a
     cache read) then names the one ``task``'s stage reads at the same place: models name their arguments
@@ -170,16 +172,19 @@ def refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask] 
 
     Raises :class:`~ansor.errors.StepError` when a step does not fit ``task``.
     """
-    state, spatial = _refit(task, steps, source, frozenset())
+    state, spatial = _refit(task, steps, source, frozenset(), frozenset())
     last = {stage_id: k for k, stage_id in spatial}
+    if not last:
+        return state
     paddable = frozenset(k for k, stage_id in spatial if last[stage_id] != k)
-    return _refit(task, steps, source, paddable)[0] if paddable else state
+    return _refit(task, steps, source, paddable, frozenset(last.values()))[0]
 
 
-def _refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask],
-           paddable: frozenset[int]) -> tuple[State, list[tuple[int, int]]]:
+def _refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask], paddable: frozenset[int],
+           vectors: frozenset[int]) -> tuple[State, list[tuple[int, int]]]:
     """The re-fitted state, with the ``(step index, stage id)`` of every split of a spatial loop; the
-    splits at indices in ``paddable`` may be fitted to a padded extent."""
+    splits at indices in ``paddable`` may be fitted to a padded extent, those in ``vectors`` keep whole
+    vectors."""
     state = task.compute_dag.init_state()
     origin = source.compute_dag.init_state() if source is not None else None
     stages = None
@@ -209,7 +214,8 @@ def _refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask]
             if it.kind == IterKind.SPATIAL:
                 spatial.append((k, step.stage_id))
             if it.extent is not None and it.extent != step.extent:
-                fitted = replace(moved, extent=it.extent, lengths=_fit_lengths(it.extent, step, k in paddable))
+                lanes = state.vector_lanes(moved.stage_id, task.hardware_params.vector_unit_bytes) if k in vectors else 1
+                fitted = replace(moved, extent=it.extent, lengths=_fit_lengths(it.extent, step, k in paddable, lanes))
         elif origin is not None and isinstance(step, (LayoutRewriteStep, CacheReadStep)):
             fitted = replace(moved, buffer=_same_read(origin, state, step.stage_id, moved.stage_id, step.buffer))
         if origin is not None:
@@ -249,14 +255,18 @@ def _same_read(origin: State, state: State, origin_stage: int, stage_id: int, bu
     return buffer
 
 
-def _fit_lengths(extent: int, step: SplitStep, paddable: bool) -> tuple[int, ...]:
+def _fit_lengths(extent: int, step: SplitStep, paddable: bool, lanes: int = 1) -> tuple[int, ...]:
     """``step``'s lengths fitted to ``extent`` or, if ``paddable``, to whichever of its padded extents
-    they fit with the least distance (the sum of the parts' log ratios, the outer part's included)."""
+    they fit with the least distance (the sum of the parts' log ratios, the outer part's included). With
+    ``lanes`` dividing ``extent``, the innermost length is first rounded to whole vectors of ``lanes``."""
     recorded = (-(-step.extent // math.prod(step.lengths)), *step.lengths)
+    wanted = list(step.lengths)
+    if wanted and extent % lanes == 0 and wanted[-1] % lanes:
+        wanted[-1] = lanes * max(1, round(wanted[-1] / lanes))
     best, best_distance = (), math.inf
     for padded in (extent, *(padded_extents(extent) if paddable else ())):
         left, fitted = padded, []
-        for length in reversed(step.lengths):
+        for length in reversed(wanted):
             d = min(divisors(left), key=lambda d: (abs(math.log(d / length)), d))
             fitted.append(d)
             left //= d

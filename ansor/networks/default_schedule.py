@@ -40,7 +40,7 @@ from ..task.search_task import SearchTask
 from ..sketch.tensor_rules import fitting_intrinsics, is_bf16_product, product_loops, tile_around
 from ..sketch.annotation import (
     MAX_VECTORIZE_LANES, annotate_parallel, annotate_vectorize, branch_run_lanes, contiguous,
-    largest_divisor_at_most, vector_lanes,
+    largest_divisor_at_most,
 )
 
 logger = logging.getLogger("ansor")
@@ -101,7 +101,7 @@ def _register_tile_reduction(task: SearchTask, state: State, stage_id: int) -> N
     if not vector:
         return
     pos = vector[-1]
-    lanes = vector_lanes(task.hardware_params.vector_unit_bytes, state, stage_id)
+    lanes = state.vector_lanes(stage_id, task.hardware_params.vector_unit_bytes)
     factor = largest_divisor_at_most(stage.iters[pos].extent or 1, lanes)
     if factor == 1:
         return

@@ -138,13 +138,7 @@ class RegisterFile:
 
     def lanes(self, state: State, stage_id: int) -> int:
         """Elements of the stage's output type in one register."""
-        return vector_lanes(self.vector_bytes, state, stage_id)
-
-
-def vector_lanes(vector_bytes: int, state: State, stage_id: int) -> int:
-    """Elements of the stage's output type in one vector of ``vector_bytes``."""
-    bits = state.dag.element_bits(state.stages[stage_id].block.writes[0].buffer)
-    return max(1, vector_bytes * 8 // bits)
+        return state.vector_lanes(stage_id, self.vector_bytes)
 
 
 def fits_registers(spatial: list[tuple[int, ...]], lanes: int, registers: int) -> bool:
@@ -370,7 +364,7 @@ def move_short_outer_inward(state: State, task: SearchTask, rng: random.Random) 
         n = len(stage.iters)
         state.reorder(stage_id, [1, 0, *range(2, n)])
         state.annotate(stage_id, 1, "unroll")
-        lanes = vector_lanes(task.hardware_params.vector_unit_bytes, state, stage_id)
+        lanes = state.vector_lanes(stage_id, task.hardware_params.vector_unit_bytes)
         extent = last.extent or 1
         widths = [d for d in divisors(extent) if lanes <= d <= MAX_VECTORIZE_LANES and d < extent]
         if widths and contiguous(stage, (last,)) and rng.random() < 0.5:

@@ -167,6 +167,10 @@ class State:
         return [i for i, s in enumerate(self.stages)
                 if s.compute_at != AttachKind.INLINED and i != stage_id and writes & set(s.block.read_buffers())]
 
+    def vector_lanes(self, stage_id: int, vector_bytes: int) -> int:
+        """Elements of the stage's output type in one vector of ``vector_bytes``."""
+        return max(1, vector_bytes * 8 // self.dag.element_bits(self.stages[stage_id].block.writes[0].buffer))
+
     def attached_to(self, stage_id: int) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s.compute_at == AttachKind.ITER and s.attach[0] == stage_id]
 
