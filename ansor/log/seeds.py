@@ -214,7 +214,8 @@ def _refit(task: SearchTask, steps: Sequence[Step], source: Optional[SearchTask]
             if it.kind == IterKind.SPATIAL:
                 spatial.append((k, step.stage_id))
             if it.extent is not None and it.extent != step.extent:
-                lanes = state.vector_lanes(moved.stage_id, task.hardware_params.vector_unit_bytes) if k in vectors else 1
+                vector_bytes = task.hardware_params.vector_unit_bytes
+                lanes = state.vector_lanes(moved.stage_id, vector_bytes) if k in vectors else 1
                 fitted = replace(moved, extent=it.extent, lengths=_fit_lengths(it.extent, step, k in paddable, lanes))
         elif origin is not None and isinstance(step, (LayoutRewriteStep, CacheReadStep)):
             fitted = replace(moved, buffer=_same_read(origin, state, step.stage_id, moved.stage_id, step.buffer))
