@@ -447,6 +447,17 @@ def test_a_bf16_benchmark_compares_with_every_runtime_at_its_default_precision()
     assert run_key("vit-b-16", "bf16") == "vit-b-16-bf16" and run_key("vit-b-16", "fp32") == "vit-b-16"
 
 
+def test_a_bf16_benchmark_leaves_out_the_f32_row_of_a_runtime_whose_default_is_bf16():
+    """Where OpenVINO's f32 beats its own bf16 default (a bf16 unit slower than the FMA), the user still gets
+    the bf16 default: the comparison takes that or another runtime's default, never the f32 row."""
+    peers = [PeerResult("ONNX Runtime", 9.0, 9.0), PeerResult("OpenVINO", 4.0, 4.0),
+             PeerResult("OpenVINO (bf16, its default here)", 6.0, 6.0, precision="bf16")]
+    bf16 = ModelReport("resnet-50", "bf16", peers=peers, tuned_ms=6.0)
+    assert bf16.fastest_peer().precision == "bf16" and result_cells(bf16)[1] == pytest.approx(1.0)
+    fp32 = ModelReport("resnet-50", peers=peers, tuned_ms=6.0)
+    assert fp32.fastest_peer().name == "OpenVINO" and result_cells(fp32)[1] == pytest.approx(1.5)
+
+
 def test_a_bf16_zoo_row_shows_openvinos_bf16_error_beside_ansors():
     ovino = PeerResult("OpenVINO 2026.4.1 (bf16, its default here)", 3.0, 3.0, precision="bf16")
     report = ModelReport("resnet50", "bf16", peers=[ovino], tuned_ms=6.0, reduced=[(ovino, 4.52e-3)],

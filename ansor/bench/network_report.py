@@ -62,8 +62,15 @@ class ModelReport:
 
     def fastest_peer(self) -> Optional[PeerResult]:
         """The fastest runtime of the one-after-another timings that ansor is compared with, if any ran: in
-        fp32 the float32 ones; in bf16 every one, each in its default precision (what a user gets)."""
-        peers = [p for p in self.peers if not p.missing and (p.precision == "f32" or self.precision != "fp32")]
+        fp32 the float32 ones; in bf16 every one in its default precision (what a user gets), so not the f32
+        row of a runtime timed at another default too (OpenVINO's f32 beat its bf16 default on a Xeon without
+        AMX, whose bf16 unit runs at half the FMA's rate)."""
+        ran = [p for p in self.peers if not p.missing]
+        if self.precision == "fp32":
+            peers = [p for p in ran if p.precision == "f32"]
+        else:
+            reduced = {p.runtime for p in ran if p.precision != "f32"}
+            peers = [p for p in ran if p.precision != "f32" or p.runtime not in reduced]
         return min(peers, key=lambda p: p.median_ms) if peers else None
 
     @property
