@@ -69,8 +69,8 @@ class ModelReport:
         if self.precision == "fp32":
             peers = [p for p in ran if p.precision == "f32"]
         else:
-            reduced = {p.runtime for p in ran if p.precision != "f32"}
-            peers = [p for p in ran if p.precision != "f32" or p.runtime not in reduced]
+            other_default = {p.runtime for p in ran if p.precision != "f32"}
+            peers = [p for p in ran if p.precision != "f32" or p.runtime not in other_default]
         return min(peers, key=lambda p: p.median_ms) if peers else None
 
     @property
